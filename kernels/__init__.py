@@ -1,0 +1,38 @@
+"""Numba CPU kernels for specdec.
+
+Arrays in, arrays out: nothing here imports from ``specdec``.  Every kernel is
+``@njit(cache=True, nogil=True)``; the matmul kernels run ``prange`` over output rows.
+
+Contract of the quantized matmul kernels (``matmul``):
+    w    the raw tensor data exactly as stored in the GGUF file, zero-copy:
+         uint8 (N, row_bytes) for block-quantized types and BF16,
+         float16 (N, K) for F16, float32 (N, K) for F32
+    x    float32 (M, K), C-contiguous activations
+    out  float32 (M, N); out[m] depends on x[m] only and is *bitwise identical*
+         whatever M is and whatever the other rows hold (row independence).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import kquants, legacy
+
+MATMUL = {**legacy.MATMUL, **kquants.MATMUL}      # ggml type id -> fn(w, x, out)
+GET_ROWS = {**legacy.GET_ROWS, **kquants.GET_ROWS}  # ggml type id -> fn(w, ids, out)
+SUPPORTED_TYPES = frozenset(MATMUL) & frozenset(GET_ROWS)
+
+
+def matmul(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Y = X · Wᵀ.  w: (N, ·) raw rows, x: (M, K) float32 -> (M, N) float32."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if out is None:
+        out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+    MATMUL[qtype](w, x, out)
+    return out
+
+
+def get_rows(w: np.ndarray, qtype: int, ids: np.ndarray, k: int) -> np.ndarray:
+    """Dequantize rows ``ids`` of w.  ids: (M,) int64 -> (M, k) float32."""
+    out = np.empty((len(ids), k), dtype=np.float32)
+    GET_ROWS[qtype](w, np.asarray(ids, dtype=np.int64), out)
+    return out

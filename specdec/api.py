@@ -1,0 +1,117 @@
+"""The Python API: `specdec.load(...)` and what a loaded model can do.
+
+    m = specdec.load("qwen2.5-coder-1.5b-instruct-q4_k_m")      # a path or a known model id
+    m.tokenize("Hello")  ->  [9707]
+    m.logits(ids)        ->  (len(ids), n_vocab) float32
+    m.generate("def f(", n_predict=64, draft=specdec.load("qwen2.5-coder-0.5b-instruct"))
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import hub
+from .compat import check_compatible
+from .config import ModelConfig
+from .drafters import ModelDrafter
+from .errors import ConfigError, ContextOverflowError
+from .generate import GenerationResult, Timings, generate_plain
+from .gguf_file import GGUFFile
+from .model import Session, Weights
+from .sampling import NumpyRandom, SamplerParams
+from .speculative import SpecStats, check_draft_n, generate_speculative
+from .tokenizer import Tokenizer
+from .trace import TraceSink
+
+DEFAULT_N_CTX = 4096
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What `generate` returns.  ids exclude the prompt and any end-of-generation token."""
+    ids: list[int]
+    text: str
+    prompt_ids: list[int]
+    timings: Timings
+    stop_reason: str                  # 'eog' | 'n_predict' | 'ctx_full'
+    stats: SpecStats | None = None    # speculative runs only
+
+
+class Model:
+    """A loaded GGUF model: config, tokenizer and memory-mapped weights (nothing is copied)."""
+
+    def __init__(self, path: str | os.PathLike, n_ctx: int | None = None):
+        self.path = str(path)
+        self.name = os.path.basename(self.path)
+        self.gguf = GGUFFile(path)
+        self.config = ModelConfig.from_gguf(self.gguf)
+        self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata, self.path)
+        self.weights = Weights.from_gguf(self.gguf, self.config)
+        self.n_ctx = int(n_ctx or min(DEFAULT_N_CTX, self.config.n_ctx_train))
+
+    def __repr__(self) -> str:
+        c = self.config
+        return f"<specdec.Model {self.name}: {c.arch}, {c.n_layer} layers, d_model {c.d_model}, vocab {c.n_vocab}>"
+
+    # -- text ----------------------------------------------------------------------------
+    def tokenize(self, text: str, special: bool = True, bos: bool | None = None) -> list[int]:
+        return self.tokenizer.encode(text, special=special, bos=bos)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    # -- numbers -------------------------------------------------------------------------
+    def session(self, n_ctx: int | None = None) -> Session:
+        """A fresh KV cache over this model's weights (each holds its own context)."""
+        return Session(self.config, self.weights, int(n_ctx or self.n_ctx))
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """(len(ids), n_vocab) float32 logits of one fresh forward pass over ids."""
+        ids = list(ids)
+        if not ids:
+            raise ConfigError("logits: ids is empty")
+        return self.session(n_ctx=len(ids)).eval(ids)
+
+    # -- generation ----------------------------------------------------------------------
+    def generate(self, prompt: str | Sequence[int], n_predict: int = 128, *,
+                 temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, seed: int | None = None,
+                 draft: "Model | None" = None, draft_n: int = 5, draft_p: float = 0.9,
+                 ignore_eos: bool = False, n_ctx: int | None = None,
+                 on_token: Callable[[int, str], None] | None = None,
+                 trace: TraceSink | None = None) -> Completion:
+        """Generate up to n_predict tokens after `prompt` (text with special tokens parsed and
+        BOS as the metadata says, or a list of ids).  With `draft=` the tokens come from
+        speculative decoding, with exactly the target's output law (greedy: the same ids)."""
+        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        rng = NumpyRandom(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
+        eog = frozenset() if ignore_eos else self.tokenizer.eog_ids
+        n_ctx = int(n_ctx or self.n_ctx)
+        if len(prompt_ids) + 1 > n_ctx:
+            raise ContextOverflowError(
+                f"prompt of {len(prompt_ids)} tokens does not fit --ctx-size {n_ctx}")
+        target = self.session(n_ctx)
+        if draft is None:
+            res = generate_plain(target, prompt_ids, n_predict, params, rng, eog, on_token)
+        else:
+            check_draft_n(draft_n)
+            check_compatible(self.tokenizer, draft.tokenizer, self.name, draft.name)
+            drafter = ModelDrafter(draft.session(n_ctx), params, draft_p, n_vocab=self.config.n_vocab)
+            res = generate_speculative(target, drafter, prompt_ids, n_predict, params, rng, eog,
+                                       draft_n=draft_n, on_token=on_token, trace=trace)
+        return _completion(self, prompt_ids, res)
+
+
+def _completion(model: Model, prompt_ids: list[int], res: GenerationResult) -> Completion:
+    return Completion(list(res.ids), model.detokenize(res.ids), prompt_ids, res.timings,
+                      res.stop_reason, res.stats)
+
+
+def load(path_or_id: str | os.PathLike, n_ctx: int | None = None, download: bool = True,
+         progress: bool = True) -> Model:
+    """Load a GGUF file, or a known model id (fetched into the model cache on first use)."""
+    return Model(hub.resolve(str(path_or_id), download=download, progress=progress), n_ctx=n_ctx)

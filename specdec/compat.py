@@ -1,0 +1,38 @@
+"""Can this draft model speak for this target?  The vocabulary check of llama.cpp's
+common_speculative_are_compatible, reported as one line that says everything that differs."""
+from __future__ import annotations
+
+from .errors import IncompatibleDraftError
+
+VOCAB_MAX_SIZE_DIFFERENCE = 128   # llama.cpp SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+VOCAB_CHECK_START_TOKEN_ID = 5    # llama.cpp SPEC_VOCAB_CHECK_START_TOKEN_ID
+_SHOWN = 3                        # differing token ids quoted in the message
+
+
+def vocab_differences(target, draft) -> list[str]:
+    """Every way the two tokenizers differ that would break exact speculation.
+
+    target, draft: specdec.tokenizer.Tokenizer (vocab_type, bos_id, eos_id, add_bos, tokens)."""
+    diffs = []
+    for attr, label in (("vocab_type", "vocab type"), ("bos_id", "BOS id"),
+                        ("eos_id", "EOS id"), ("add_bos", "add-BOS flag")):
+        a, b = getattr(target, attr), getattr(draft, attr)
+        if a != b:
+            diffs.append(f"{label} {a!r} vs {b!r}")
+    nt, nd = len(target.tokens), len(draft.tokens)
+    if abs(nt - nd) > VOCAB_MAX_SIZE_DIFFERENCE:
+        diffs.append(f"vocab size {nt} vs {nd} (more than {VOCAB_MAX_SIZE_DIFFERENCE} apart)")
+    bad = [i for i in range(VOCAB_CHECK_START_TOKEN_ID, min(nt, nd))
+           if target.tokens[i] != draft.tokens[i]]
+    if bad:
+        shown = ", ".join(f"{i}: {target.tokens[i]!r} vs {draft.tokens[i]!r}" for i in bad[:_SHOWN])
+        diffs.append(f"{len(bad)} token texts differ (e.g. {shown})")
+    return diffs
+
+
+def check_compatible(target, draft, target_name: str, draft_name: str) -> None:
+    """Raise IncompatibleDraftError naming both files and every difference."""
+    diffs = vocab_differences(target, draft)
+    if diffs:
+        raise IncompatibleDraftError(
+            f"draft {draft_name} cannot be used with target {target_name}: " + "; ".join(diffs))

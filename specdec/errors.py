@@ -1,0 +1,29 @@
+"""The one error family that reaches users: one line, naming the file or flag and the problem."""
+
+
+class SpecdecError(Exception):
+    """Base of every error specdec reports to a user (CLI exit code 2)."""
+
+
+class GGUFError(SpecdecError):
+    """The file is missing, not GGUF, truncated or inconsistent."""
+
+
+class UnsupportedModelError(SpecdecError):
+    """Architecture or tensor type that specdec does not run."""
+
+
+class TokenizerError(SpecdecError):
+    """The vocabulary in the file cannot be turned into a tokenizer."""
+
+
+class ContextOverflowError(SpecdecError):
+    """More tokens than the context window holds."""
+
+
+class IncompatibleDraftError(SpecdecError):
+    """Target and draft do not share a vocabulary."""
+
+
+class ConfigError(SpecdecError):
+    """A flag or parameter is out of range."""

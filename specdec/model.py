@@ -1,0 +1,196 @@
+"""The transformer: weights as zero-copy views of the GGUF file, one `forward`, and a Session.
+
+Architectures: llama, qwen2 (QKV biases, NEOX RoPE) and gemma3 (scaled embeddings, q/k norms,
+post-attention / post-FFN norms, GeGLU, sliding-window local layers with their own RoPE base).
+`forward` processes M new tokens at once and returns logits for every one of them; every
+kernel it calls is row-independent, so a row's logits are the same bits for any M.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+import kernels
+from kernels.attention import attention
+from kernels.ops import geglu, rms_norm, rms_norm_heads, rope, swiglu
+
+from .config import ROPE_NEOX, ModelConfig
+from .errors import GGUFError, UnsupportedModelError
+from .gguf_file import GGUFFile
+from .kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class Linear:
+    """y = x · Wᵀ (+ b).   w: raw rows (N, ·) of the file; n_in = K, n_out = N."""
+    name: str
+    w: np.ndarray
+    qtype: int
+    n_in: int
+    n_out: int
+    bias: np.ndarray | None = None     # (N,) float32
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        y = kernels.matmul(self.w, self.qtype, x)      # (M, K) -> (M, N)
+        if self.bias is not None:
+            y += self.bias
+        return y
+
+
+@dataclass(frozen=True)
+class Layer:
+    attn_norm: np.ndarray            # (D,)
+    wq: Linear                       # (D) -> (H * Dh)
+    wk: Linear                       # (D) -> (Hkv * Dh)
+    wv: Linear                       # (D) -> (Hkv * Dh)
+    wo: Linear                       # (H * Dh) -> (D)
+    ffn_norm: np.ndarray             # (D,)
+    w_gate: Linear                   # (D) -> (F)
+    w_up: Linear                     # (D) -> (F)
+    w_down: Linear                   # (F) -> (D)
+    q_norm: np.ndarray | None = None          # (Dh,)  gemma3
+    k_norm: np.ndarray | None = None          # (Dh,)  gemma3
+    post_attn_norm: np.ndarray | None = None  # (D,)   gemma3
+    post_ffn_norm: np.ndarray | None = None   # (D,)   gemma3
+
+
+@dataclass(frozen=True)
+class Weights:
+    tok_embd: np.ndarray             # raw rows (V, ·)
+    tok_embd_type: int
+    layers: tuple[Layer, ...]
+    out_norm: np.ndarray             # (D,)
+    output: Linear                   # (D) -> (V); the embedding table when tied
+
+    @classmethod
+    def from_gguf(cls, gf: GGUFFile, cfg: ModelConfig) -> "Weights":
+        D, H, Hkv, Dh, F, V = cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_ff, cfg.n_vocab
+
+        def vec(name, n):
+            t = _info(gf, name, (n,))
+            if t.ggml_type != GGMLQuantizationType.F32:
+                raise UnsupportedModelError(f"{gf.path}: tensor {name!r} is {t.type_name}, expected F32")
+            return gf.tensor(name)
+
+        def opt_vec(name, n):
+            return vec(name, n) if name in gf.tensors else None
+
+        def lin(name, n_in, n_out, bias=False):
+            t = _info(gf, name, (n_in, n_out))
+            if t.ggml_type not in kernels.SUPPORTED_TYPES:
+                raise UnsupportedModelError(
+                    f"{gf.path}: tensor {name!r} has unsupported type {t.type_name}")
+            b = opt_vec(name.replace(".weight", ".bias"), n_out) if bias else None
+            return Linear(name, gf.tensor(name), t.ggml_type, n_in, n_out, b)
+
+        layers = []
+        for i in range(cfg.n_layer):
+            p = f"blk.{i}."
+            gemma = cfg.arch == "gemma3"
+            layers.append(Layer(
+                attn_norm=vec(p + "attn_norm.weight", D),
+                wq=lin(p + "attn_q.weight", D, H * Dh, bias=True),
+                wk=lin(p + "attn_k.weight", D, Hkv * Dh, bias=True),
+                wv=lin(p + "attn_v.weight", D, Hkv * Dh, bias=True),
+                wo=lin(p + "attn_output.weight", H * Dh, D),
+                ffn_norm=vec(p + "ffn_norm.weight", D),
+                w_gate=lin(p + "ffn_gate.weight", D, F),
+                w_up=lin(p + "ffn_up.weight", D, F),
+                w_down=lin(p + "ffn_down.weight", F, D),
+                q_norm=vec(p + "attn_q_norm.weight", Dh) if gemma else None,
+                k_norm=vec(p + "attn_k_norm.weight", Dh) if gemma else None,
+                post_attn_norm=vec(p + "post_attention_norm.weight", D) if gemma else None,
+                post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if gemma else None,
+            ))
+        emb = lin("token_embd.weight", D, V)
+        output = lin("output.weight", D, V) if "output.weight" in gf.tensors else emb
+        return cls(emb.w, emb.qtype, tuple(layers), vec("output_norm.weight", D), output)
+
+
+def _info(gf: GGUFFile, name: str, dims: tuple[int, ...]):
+    t = gf.tensors.get(name)
+    if t is None:
+        raise GGUFError(f"{gf.path}: missing tensor {name!r}")
+    if t.dims != dims:
+        raise GGUFError(f"{gf.path}: tensor {name!r} has shape {list(t.dims)}, expected {list(dims)}")
+    return t
+
+
+def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, start_pos: int,
+            last_only: bool = False) -> np.ndarray:
+    """tokens (M,) at positions start_pos.. -> logits (M, V), or (1, V) for the last row only.
+
+    Writes the new keys/values into `cache` at start_pos..start_pos+M-1 and sets n_past."""
+    M, H, Hkv, Dh, D = len(tokens), cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_model
+    cache.n_past = min(cache.n_past, start_pos)
+    cache.check_room(start_pos - cache.n_past + M)
+    pos = np.arange(start_pos, start_pos + M, dtype=np.int64)                    # (M,)
+    neox = cfg.rope_type == ROPE_NEOX
+    x = kernels.get_rows(w.tok_embd, w.tok_embd_type, np.asarray(tokens, np.int64), D)  # (M, D)
+    if cfg.embed_scale != 1.0:
+        x *= np.float32(cfg.embed_scale)
+    h = np.empty_like(x)                                                         # (M, D)
+    att = np.empty((M, H, Dh), dtype=np.float32)                                 # (M, H, Dh)
+    for il, L in enumerate(w.layers):
+        rms_norm(x, L.attn_norm, cfg.norm_eps, h)
+        q = L.wq(h).reshape(M, H, Dh)                                            # (M, H, Dh)
+        k = L.wk(h).reshape(M, Hkv, Dh)                                          # (M, Hkv, Dh)
+        v = L.wv(h).reshape(M, Hkv, Dh)                                          # (M, Hkv, Dh)
+        if L.q_norm is not None:
+            rms_norm_heads(q, L.q_norm, cfg.norm_eps)
+            rms_norm_heads(k, L.k_norm, cfg.norm_eps)
+        local = cfg.is_local_layer(il)
+        base = cfg.rope_base_local if local else cfg.rope_base
+        rope(q, pos, cfg.rope_dim, base, neox)
+        rope(k, pos, cfg.rope_dim, base, neox)
+        cache.store(il, start_pos, k, v)
+        attention(q, cache.k[il], cache.v[il], pos, np.float32(cfg.attn_scale),
+                  cfg.sliding_window if local else 0, att)
+        o = L.wo(att.reshape(M, H * Dh))                                         # (M, D)
+        if L.post_attn_norm is not None:
+            rms_norm(o, L.post_attn_norm, cfg.norm_eps, o)
+        x += o
+        rms_norm(x, L.ffn_norm, cfg.norm_eps, h)
+        gate, up = L.w_gate(h), L.w_up(h)                                        # (M, F) each
+        (geglu if cfg.arch == "gemma3" else swiglu)(gate, up, gate)
+        f = L.w_down(gate)                                                       # (M, D)
+        if L.post_ffn_norm is not None:
+            rms_norm(f, L.post_ffn_norm, cfg.norm_eps, f)
+        x += f
+    cache.n_past = start_pos + M
+    if last_only:
+        x = x[-1:]
+    rms_norm(x, w.out_norm, cfg.norm_eps, x)
+    return w.output(x)                                                           # (M, V)
+
+
+class Session:
+    """One model plus its own KV cache: the unit that generation and speculation drive.
+
+    eval(tokens) appends tokens at positions n_past.. and returns their logits (M, V);
+    truncate(n) rolls the cache back to its first n tokens in O(1)."""
+
+    def __init__(self, cfg: ModelConfig, weights: Weights, n_ctx: int):
+        self.cfg, self.weights = cfg, weights
+        self.cache = KVCache(cfg.n_layer, cfg.n_head_kv, n_ctx, cfg.d_head)
+
+    n_vocab = property(lambda self: self.cfg.n_vocab)
+    n_ctx = property(lambda self: self.cache.n_ctx)
+    n_past = property(lambda self: self.cache.n_past)
+
+    def eval(self, tokens, last_only: bool = False) -> np.ndarray:
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if tokens.ndim != 1 or len(tokens) == 0:
+            raise ValueError("eval needs a non-empty 1-D sequence of token ids")
+        if tokens.min() < 0 or tokens.max() >= self.cfg.n_vocab:
+            raise ValueError(f"token id out of range 0..{self.cfg.n_vocab - 1}")
+        self.cache.check_room(len(tokens))
+        return forward(self.cfg, self.weights, self.cache, tokens, self.cache.n_past, last_only)
+
+    def truncate(self, n: int) -> None:
+        self.cache.truncate(n)
+
+    def reset(self) -> None:
+        self.cache.truncate(0)

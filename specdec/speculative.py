@@ -1,0 +1,149 @@
+"""Speculative decoding: a drafter proposes, the target verifies all proposals in one pass.
+
+Leviathan, Kalman, Matias 2023, "Fast Inference from Transformers via Speculative Decoding",
+Algorithm 1; Chen et al. 2023.  p is always the target's distribution, q the draft's.  The
+output has exactly the law of sampling the target alone with the same SamplerParams (and,
+at temperature 0, exactly its greedy output), whatever the drafter proposes.
+
+Cache invariant: between steps the target cache holds the accepted context minus its last
+token; each step feeds that token followed by the n drafted ones, so one eval of n + 1 rows
+gives p for every drafted position plus one beyond (the bonus).  The prompt is prefilled
+without its last token for the same reason.
+
+Per step at most n_predict - generated tokens are emitted (the draft is capped at one less),
+and nothing after an end-of-generation token.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Collection, Sequence
+
+import numpy as np
+
+from .drafters import Draft, Drafter
+from .errors import ConfigError
+from .generate import GenerationResult, OnToken, Session, check_request, make_timings
+from .sampling import Rng, SamplerParams, probs
+from .trace import TraceSink, step_record
+from .verify import VerifyResult, verify
+
+DRAFT_N_MAX = 16
+
+
+@dataclass(frozen=True)
+class SpecStats:
+    n_generated: int                    # tokens emitted
+    n_steps: int                        # verification steps (target forward passes)
+    n_drafted: int                      # tokens proposed
+    n_accepted: int                     # drafted tokens accepted by verification
+    acceptance_rate: float              # n_accepted / n_drafted
+    tokens_per_step: float              # n_generated / n_steps
+    acceptance_by_position: tuple[float | None, ...]   # [j-1]: P(accept at j | j verified), j = 1..draft_n
+    n_verified: int                     # drafted positions actually verified (reached)
+    predicted_acceptance: float         # mean over verified positions of 1 - TV(p_i, q_i)
+    measured_acceptance: float          # n_accepted / n_verified
+    draft_s: float
+    verify_s: float
+    tokens_per_s: float                 # n_generated / decode time
+
+
+def check_draft_n(draft_n: int) -> None:
+    if int(draft_n) != draft_n or not 1 <= draft_n <= DRAFT_N_MAX:
+        raise ConfigError(f"--draft-max must be in 1..{DRAFT_N_MAX}, got {draft_n}")
+
+
+def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence[int],
+                         n_predict: int, params: SamplerParams, rng: Rng,
+                         eog_ids: Collection[int], draft_n: int = 5,
+                         on_token: OnToken | None = None,
+                         trace: TraceSink | None = None) -> GenerationResult:
+    """Sample up to n_predict tokens from the target, drafting up to draft_n per step."""
+    check_draft_n(draft_n)
+    check_request(target, prompt_ids, n_predict)
+    if drafter.n_vocab != target.n_vocab:
+        raise ConfigError(f"drafter proposes over {drafter.n_vocab} ids, target has {target.n_vocab}")
+    target.reset()
+    drafter.reset()
+    ctx, ids, steps, stop = list(prompt_ids), [], [], "n_predict"
+    t0 = time.perf_counter()
+    if len(ctx) > 1 and n_predict > 0:
+        target.eval(ctx[:-1], last_only=True)             # the last prompt id opens step 0
+    t1 = time.perf_counter()
+    while len(ids) < n_predict and stop == "n_predict":
+        room = target.n_ctx - target.n_past - 1           # rows the eval may add after ctx[-1]
+        if room < 0:
+            stop = "ctx_full"
+            break
+        n_max = min(draft_n, n_predict - len(ids) - 1, room)
+        ta = time.perf_counter()
+        draft = drafter.propose(ctx, n_max, rng) if n_max > 0 else Draft.empty(target.n_vocab)
+        n = len(draft.tokens)
+        if n > n_max:
+            raise ValueError(f"drafter proposed {n} tokens, at most {n_max} were asked for")
+        tb = time.perf_counter()
+        logits = target.eval([ctx[-1], *draft.tokens])    # (n+1, V) one batched pass
+        p = np.stack([probs(row, params) for row in logits])   # (n+1, V)
+        res = verify(draft.tokens, draft.q, p, rng)
+        target.truncate(target.n_past - (n - res.n_accepted))  # keep ctx + accepted drafts
+        tc = time.perf_counter()
+        drafter.accept(res.n_accepted, res.next_token)
+        td = time.perf_counter()
+        new = [*draft.tokens[: res.n_accepted], res.next_token]
+        kinds = ["accepted"] * res.n_accepted + [res.kind]
+        emitted: list[int] = []
+        for token, kind in zip(new, kinds):
+            if token in eog_ids:
+                stop = "eog"
+                break
+            emitted.append(token)
+            if on_token is not None:
+                on_token(token, kind)
+        steps.append(_Step(n, res, (tb - ta) + (td - tc), tc - tb))
+        if trace is not None:
+            trace.write(step_record(len(steps) - 1, len(ctx), draft.tokens, draft.q, p, res,
+                                    emitted, stop == "eog", steps[-1].draft_s, steps[-1].verify_s))
+        ids += emitted
+        ctx += emitted
+    t2 = time.perf_counter()
+    timings = make_timings(t1 - t0, t2 - t1, len(ids))
+    stats = spec_stats(steps, draft_n, len(ids), timings.tokens_per_s)
+    return GenerationResult(ids, len(prompt_ids), timings, stop, stats)
+
+
+@dataclass(frozen=True)
+class _Step:
+    n_drafted: int
+    result: VerifyResult
+    draft_s: float
+    verify_s: float
+
+
+def spec_stats(steps: Sequence[_Step], draft_n: int, n_generated: int,
+               tokens_per_s: float) -> SpecStats:
+    """Aggregate per-step verification results (pure)."""
+    reached = np.zeros(draft_n, dtype=np.int64)           # (draft_n,) positions verified
+    accepted = np.zeros(draft_n, dtype=np.int64)          # (draft_n,) positions accepted
+    alpha_sum = 0.0
+    for s in steps:
+        for j, r in enumerate(s.result.records):
+            reached[j] += 1
+            accepted[j] += r.accepted
+            alpha_sum += s.result.alpha[j]
+    n_drafted = sum(s.n_drafted for s in steps)
+    n_accepted = int(accepted.sum())
+    n_verified = int(reached.sum())
+    return SpecStats(
+        n_generated=n_generated, n_steps=len(steps), n_drafted=n_drafted, n_accepted=n_accepted,
+        acceptance_rate=_ratio(n_accepted, n_drafted),
+        tokens_per_step=_ratio(n_generated, len(steps)),
+        acceptance_by_position=tuple(float(a / r) if r else None for a, r in zip(accepted, reached)),
+        n_verified=n_verified,
+        predicted_acceptance=_ratio(alpha_sum, n_verified),
+        measured_acceptance=_ratio(n_accepted, n_verified),
+        draft_s=sum(s.draft_s for s in steps), verify_s=sum(s.verify_s for s in steps),
+        tokens_per_s=tokens_per_s)
+
+
+def _ratio(a: float, b: float) -> float:
+    return float(a / b) if b else 0.0

@@ -1,0 +1,60 @@
+"""Shared fixtures: tiny synthetic models (written per test session) and the real models.
+
+Real models come from the model cache (SPECDEC_HOME, default ~/.cache/specdec) and are
+fetched on first use like `specdec pull` would; SPECDEC_OFFLINE=1 skips those tests instead.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from synth import TinySpec, write_tiny_model  # noqa: E402
+
+REFERENCE = Path(__file__).parent / "data" / "reference"
+REAL_MODELS = ("smollm2-135m-instruct-q4_1", "qwen2.5-coder-0.5b-instruct",
+               "qwen2.5-coder-1.5b-instruct-q4_k_m", "gemma-3-270m-q4_k_m")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_dir):
+    """tiny_model(TinySpec(...)) -> specdec.Model, written once per distinct spec."""
+    import specdec
+
+    @lru_cache(maxsize=None)
+    def make(spec: TinySpec = TinySpec()):
+        name = f"{spec.arch}-{spec.qtype}-{spec.n_vocab}-{spec.d_model}-{spec.seed}-{abs(hash(spec))}.gguf"
+        return specdec.load(write_tiny_model(tiny_dir / name, spec), n_ctx=spec.n_ctx)
+    return make
+
+
+def real_model_path(model_id: str) -> Path:
+    from specdec import hub
+    if os.environ.get("SPECDEC_OFFLINE") == "1":
+        try:
+            return hub.resolve(model_id, download=False)
+        except Exception:
+            pytest.skip(f"{model_id} not in the model cache (SPECDEC_OFFLINE=1)")
+    return hub.resolve(model_id, download=True, progress=False)
+
+
+@lru_cache(maxsize=None)
+def _load_real(model_id: str):
+    import specdec
+    return specdec.load(real_model_path(model_id), n_ctx=1024)
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """real_model(model_id) -> specdec.Model (loaded once per test session)."""
+    return _load_real

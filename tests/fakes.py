@@ -1,0 +1,153 @@
+"""Test doubles: fake model sessions and random-number generators that enumerate branches.
+
+FakeSession follows the Session contract of specdec.model (eval / truncate / reset, n_past,
+n_ctx, n_vocab) with logits that are a fixed pseudo-random function of the last `window`
+tokens of the context: deterministic, context dependent, and bitwise identical whatever the
+batch size.  A pair factory returns (target, draft) sessions; tests parametrize over
+PAIR_FACTORIES, so adding real tiny models is one more entry with the same signature.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+LogitFn = Callable[[tuple[int, ...]], np.ndarray]     # context ids -> (V,) float32
+
+
+def window_logits(n_vocab: int, seed: int, window: int = 2, scale: float = 2.0) -> LogitFn:
+    """Logits drawn from N(0, scale²), seeded by (seed, last `window` ids); memoised."""
+    memo: dict[tuple[int, ...], np.ndarray] = {}
+
+    def fn(ctx: tuple[int, ...]) -> np.ndarray:
+        key = (0,) * max(0, window - len(ctx)) + tuple(t + 1 for t in ctx[-window:])
+        row = memo.get(key)
+        if row is None:
+            gen = np.random.default_rng([seed, *key])
+            row = memo[key] = (gen.standard_normal(n_vocab) * scale).astype(np.float32)
+        return row
+    return fn
+
+
+def mixed_logits(base: LogitFn, noise: LogitFn, weight: float) -> LogitFn:
+    """base + weight * noise: a model close to `base` when weight is small."""
+    w = np.float32(weight)
+    return lambda ctx: (base(ctx) + w * noise(ctx)).astype(np.float32)
+
+
+class FakeSession:
+    """A Session with a KV 'cache' that just remembers its token ids (`tokens`)."""
+
+    def __init__(self, n_vocab: int, logit_fn: LogitFn, n_ctx: int = 512):
+        self.n_vocab, self.n_ctx, self.logit_fn = n_vocab, n_ctx, logit_fn
+        self.tokens: list[int] = []
+        self.n_evals = 0           # eval calls
+        self.n_rows = 0            # tokens evaluated
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def eval(self, tokens: Sequence[int], last_only: bool = False) -> np.ndarray:
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("eval needs a non-empty sequence")
+        if min(tokens) < 0 or max(tokens) >= self.n_vocab:
+            raise ValueError(f"token id out of range 0..{self.n_vocab - 1}")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ValueError(f"context overflow: {self.n_past} + {len(tokens)} > {self.n_ctx}")
+        rows = []
+        for t in tokens:
+            self.tokens.append(t)
+            rows.append(self.logit_fn(tuple(self.tokens)))
+        self.n_evals += 1
+        self.n_rows += len(tokens)
+        out = np.stack(rows).astype(np.float32)          # (M, V)
+        return out[-1:] if last_only else out
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= self.n_past:
+            raise ValueError(f"cannot truncate {self.n_past} tokens to {n}")
+        del self.tokens[n:]
+
+    def reset(self) -> None:
+        self.truncate(0)
+
+
+RELATIONS = ("identical", "good", "bad")
+
+
+def fake_pair(n_vocab: int, seed: int, relation: str, n_ctx: int = 512):
+    """(target, draft) sessions.  relation: 'identical' (same model, own cache), 'good'
+    (the target's logits plus small noise) or 'bad' (an unrelated model)."""
+    target_fn = window_logits(n_vocab, seed)
+    if relation == "identical":
+        draft_fn = target_fn
+    elif relation == "good":
+        draft_fn = mixed_logits(target_fn, window_logits(n_vocab, seed + 7919, window=1), 0.4)
+    elif relation == "bad":
+        draft_fn = window_logits(n_vocab, seed + 104729, window=1, scale=2.5)
+    else:
+        raise ValueError(relation)
+    return FakeSession(n_vocab, target_fn, n_ctx), FakeSession(n_vocab, draft_fn, n_ctx)
+
+
+# name -> factory(n_vocab, seed, relation, n_ctx=...) -> (target, draft)
+PAIR_FACTORIES = {"fake": fake_pair}
+
+
+class PathRng:
+    """An Rng that follows a prescribed path through the tree of random decisions.
+
+    At a decision with 2+ possible outcomes it takes choice `path[i]` (0 once the path is
+    exhausted) and records the options; deterministic decisions (bernoulli(0), bernoulli(1),
+    a categorical with one non-zero entry) are not decision points.  `prob` is the product
+    of the probabilities of the choices taken."""
+
+    def __init__(self, path: Sequence[int]):
+        self.path = list(path)
+        self.taken: list[int] = []
+        self.n_options: list[int] = []
+        self.prob = 1.0
+
+    def _choose(self, options: list[tuple[object, float]]):
+        i = len(self.taken)
+        k = self.path[i] if i < len(self.path) else 0
+        self.taken.append(k)
+        self.n_options.append(len(options))
+        value, pr = options[k]
+        self.prob *= pr
+        return value
+
+    def bernoulli(self, prob: float) -> bool:
+        if prob >= 1.0:
+            return True
+        if prob <= 0.0:
+            return False
+        return bool(self._choose([(True, prob), (False, 1.0 - prob)]))
+
+    def categorical(self, probs: np.ndarray) -> int:
+        w = np.asarray(probs, dtype=np.float64)
+        w = w / w.sum()
+        nz = np.flatnonzero(w > 0)
+        if nz.size == 1:
+            return int(nz[0])
+        return int(self._choose([(int(i), float(w[i])) for i in nz]))
+
+
+def enumerate_outcomes(run: Callable[[PathRng], object]) -> dict[object, float]:
+    """Exact law of run(rng)'s result: depth-first over every decision path, re-running from
+    scratch for each path.  Returns {outcome: total probability}."""
+    law: dict[object, float] = {}
+    path: list[int] = []
+    while True:
+        rng = PathRng(path)
+        outcome = run(rng)
+        law[outcome] = law.get(outcome, 0.0) + rng.prob
+        # next path: bump the deepest decision that still has an untried option
+        j = len(rng.taken) - 1
+        while j >= 0 and rng.taken[j] + 1 >= rng.n_options[j]:
+            j -= 1
+        if j < 0:
+            return law
+        path = rng.taken[:j] + [rng.taken[j] + 1]

@@ -1,0 +1,139 @@
+"""Bad input: every failure is a SpecdecError subclass with one line naming the file and the
+problem; the CLI turns it into exit code 2 with no traceback."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+import specdec
+from specdec.errors import (ContextOverflowError, GGUFError, SpecdecError, UnsupportedModelError)
+from specdec.gguf_file import GGUFFile
+from synth import TinySpec, write_tiny_model
+
+
+def _one_line(err: Exception, *needles: str) -> None:
+    msg = str(err)
+    assert "\n" not in msg, msg
+    for n in needles:
+        assert n in msg, (n, msg)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(GGUFError) as e:
+        GGUFFile(tmp_path / "nope.gguf")
+    _one_line(e.value, "nope.gguf", "no such file")
+
+
+def test_not_gguf(tmp_path):
+    p = tmp_path / "notes.gguf"
+    p.write_text("this is not a model file, just some text that is long enough")
+    with pytest.raises(GGUFError) as e:
+        GGUFFile(p)
+    _one_line(e.value, "notes.gguf", "not a GGUF file")
+
+
+@pytest.mark.parametrize("keep", [0.01, 0.5, 0.98])
+def test_truncated(tmp_path, keep):
+    full = write_tiny_model(tmp_path / "full.gguf")
+    data = full.read_bytes()
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(GGUFError) as e:
+        specdec.load(p)
+    _one_line(e.value, "cut.gguf", "truncated")
+
+
+def test_unknown_architecture(tmp_path):
+    p = tmp_path / "mamba.gguf"
+    w = gguf.GGUFWriter(str(p), "mamba")
+    w.add_tensor("x", np.zeros(32, np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    with pytest.raises(UnsupportedModelError) as e:
+        specdec.load(p)
+    _one_line(e.value, "mamba.gguf", "unknown architecture 'mamba'")
+
+
+def _rewrite_without(src, dst, drop: str | None = None, retype: str | None = None):
+    """Copy a GGUF file, dropping one tensor or storing one as IQ4_NL (unsupported)."""
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        vtype = f.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_array(k, f.contents())
+        else:
+            w.add_key_value(k, f.contents(), vtype)
+    for t in r.tensors:
+        if t.name == drop:
+            continue
+        if t.name == retype:
+            n_rows, k = t.shape[1], t.shape[0]
+            raw = np.random.default_rng(0).integers(0, 255, (n_rows, k // 32 * 18), dtype=np.uint8)
+            w.add_tensor(t.name, raw, raw_shape=raw.shape, raw_dtype=T.IQ4_NL)
+        else:
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    return dst
+
+
+def test_missing_tensor(tmp_path):
+    src = write_tiny_model(tmp_path / "full.gguf")
+    p = _rewrite_without(src, tmp_path / "holey.gguf", drop="blk.1.ffn_up.weight")
+    with pytest.raises(GGUFError) as e:
+        specdec.load(p)
+    _one_line(e.value, "holey.gguf", "missing tensor 'blk.1.ffn_up.weight'")
+
+
+def test_unsupported_quant_type(tmp_path):
+    src = write_tiny_model(tmp_path / "full.gguf")
+    p = _rewrite_without(src, tmp_path / "iq.gguf", retype="blk.0.attn_q.weight")
+    with pytest.raises(UnsupportedModelError) as e:
+        specdec.load(p)
+    _one_line(e.value, "iq.gguf", "blk.0.attn_q.weight", "IQ4_NL")
+
+
+def test_prompt_longer_than_context(tiny_model):
+    m = tiny_model(TinySpec(n_ctx=16))
+    with pytest.raises(ContextOverflowError) as e:
+        m.generate(list(range(20)), n_predict=4)
+    _one_line(e.value, "20 tokens", "--ctx-size 16")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("make", ["missing", "not_gguf"])
+def test_cli_bad_file_exit_2(tmp_path, make):
+    p = tmp_path / "bad.gguf"
+    if make == "not_gguf":
+        p.write_text("hello" * 20)
+    r = _cli("run", "-m", str(p), "-p", "hi", "-n", "1")
+    assert r.returncode == 2, r.stderr
+    lines = [l for l in r.stderr.splitlines() if "error" in l]
+    assert len(lines) == 1 and "bad.gguf" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--draft-n", "0"], "--draft-n"), (["--draft-n", "17"], "--draft-n"),
+    (["--draft-p", "1.5"], "--draft-p"), (["--n-predict", "x"], "--n-predict"),
+    (["--bogus"], "--bogus"),
+])
+def test_cli_bad_flag_exit_2(flags, needle):
+    r = _cli("run", "-p", "hi", *flags)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_errors_are_specdec_errors():
+    for cls in (GGUFError, UnsupportedModelError, ContextOverflowError):
+        assert issubclass(cls, SpecdecError)
