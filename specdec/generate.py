@@ -7,6 +7,9 @@ not included in the output), after n_predict tokens, or when the context window 
 Timing convention (shared with specdec.speculative): prompt_s is the batched prompt
 evaluation; decode_s is everything after it, sampling included; tokens_per_s is the number of
 generated tokens over decode_s.
+
+Naming, as in every module: p is the target's distribution (here the only model's), q the
+draft's (none here).
 """
 from __future__ import annotations
 

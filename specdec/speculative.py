@@ -11,7 +11,8 @@ gives p for every drafted position plus one beyond (the bonus).  The prompt is p
 without its last token for the same reason.
 
 Per step at most n_predict - generated tokens are emitted (the draft is capped at one less),
-and nothing after an end-of-generation token.
+and nothing after an end-of-generation token.  Timings: prompt_s covers the prefill of all
+prompt tokens but the last; decode_s everything after it (drafting included).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Collection, Sequence
 import numpy as np
 
 from .drafters import Draft, Drafter
-from .errors import ConfigError
+from .errors import ConfigError, IncompatibleDraftError
 from .generate import GenerationResult, OnToken, Session, check_request, make_timings
 from .sampling import Rng, SamplerParams, probs
 from .trace import TraceSink, step_record
@@ -58,11 +59,15 @@ def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence
                          eog_ids: Collection[int], draft_n: int = 5,
                          on_token: OnToken | None = None,
                          trace: TraceSink | None = None) -> GenerationResult:
-    """Sample up to n_predict tokens from the target, drafting up to draft_n per step."""
+    """Sample up to n_predict tokens from the target, drafting up to draft_n per step.
+
+    Each step is Leviathan et al. 2023, Algorithm 1: draft n tokens, one target pass over
+    [last token] + draft, accept/resample with `verify`, roll the caches back."""
     check_draft_n(draft_n)
     check_request(target, prompt_ids, n_predict)
     if drafter.n_vocab != target.n_vocab:
-        raise ConfigError(f"drafter proposes over {drafter.n_vocab} ids, target has {target.n_vocab}")
+        raise IncompatibleDraftError(
+            f"the drafter proposes over {drafter.n_vocab} token ids, the target has {target.n_vocab}")
     target.reset()
     drafter.reset()
     ctx, ids, steps, stop = list(prompt_ids), [], [], "n_predict"

@@ -4,10 +4,18 @@ FakeSession follows the Session contract of specdec.model (eval / truncate / res
 n_ctx, n_vocab) with logits that are a fixed pseudo-random function of the last `window`
 tokens of the context: deterministic, context dependent, and bitwise identical whatever the
 batch size.  A pair factory returns (target, draft) sessions; tests parametrize over
-PAIR_FACTORIES, so adding real tiny models is one more entry with the same signature.
+PAIR_FACTORIES: 'fake' (FakeSession) and 'synth' (tiny random-weight GGUF transformers of
+tests/synth.py, run by specdec.model); a new kind of model is one more entry with the same
+signature.  As everywhere: p is the target's distribution, q the draft's.
 """
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -15,7 +23,7 @@ import numpy as np
 LogitFn = Callable[[tuple[int, ...]], np.ndarray]     # context ids -> (V,) float32
 
 
-def window_logits(n_vocab: int, seed: int, window: int = 2, scale: float = 2.0) -> LogitFn:
+def window_logits(n_vocab: int, seed: int, window: int = 2, scale: float = 1.5) -> LogitFn:
     """Logits drawn from N(0, scale²), seeded by (seed, last `window` ids); memoised."""
     memo: dict[tuple[int, ...], np.ndarray] = {}
 
@@ -92,8 +100,72 @@ def fake_pair(n_vocab: int, seed: int, relation: str, n_ctx: int = 512):
     return FakeSession(n_vocab, target_fn, n_ctx), FakeSession(n_vocab, draft_fn, n_ctx)
 
 
+class Recorder:
+    """Wraps a real Session and records its cache contents like FakeSession does."""
+
+    def __init__(self, session):
+        self.session = session
+        self.tokens: list[int] = []
+        self.n_evals = 0
+        self.n_rows = 0
+        session.reset()
+
+    n_vocab = property(lambda self: self.session.n_vocab)
+    n_ctx = property(lambda self: self.session.n_ctx)
+    n_past = property(lambda self: self.session.n_past)
+
+    def eval(self, tokens: Sequence[int], last_only: bool = False) -> np.ndarray:
+        import numba                  # tiny matrices: thread start-up would dominate
+        n_threads = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            out = self.session.eval(tokens, last_only=last_only)
+        finally:
+            numba.set_num_threads(n_threads)
+        self.tokens.extend(int(t) for t in tokens)
+        self.n_evals += 1
+        self.n_rows += len(tokens)
+        assert self.session.n_past == len(self.tokens)
+        return out
+
+    def truncate(self, n: int) -> None:
+        self.session.truncate(n)
+        del self.tokens[n:]
+
+    def reset(self) -> None:
+        self.truncate(0)
+
+
+@lru_cache(maxsize=None)
+def _synth_dir() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="specdec-synth-"))
+    atexit.register(shutil.rmtree, d, True)
+    return d
+
+
+@lru_cache(maxsize=256)
+def _synth_model(spec):
+    import specdec
+    from synth import write_tiny_model
+    name = f"{spec.arch}-{spec.n_vocab}-{spec.n_layer}-{spec.seed}-{spec.n_ctx}.gguf"
+    return specdec.load(write_tiny_model(_synth_dir() / name, spec), n_ctx=spec.n_ctx)
+
+
+def synth_pair(n_vocab: int, seed: int, relation: str, n_ctx: int = 512):
+    """(target, draft) sessions of tiny random-weight GGUF transformers (tests/synth.py).
+    'identical': the same model; 'good': the target's first layer only (same seed, so the
+    same embeddings, output and layer 0); 'bad': another seed."""
+    from synth import TinySpec
+    base = TinySpec(n_vocab=n_vocab, d_model=16, n_head=2, n_head_kv=1, d_ff=24, n_layer=2,
+                    seed=seed, n_ctx=n_ctx)
+    draft = {"identical": base, "good": replace(base, n_layer=1),
+             "bad": replace(base, seed=seed + 104729)}[relation]
+    return (Recorder(_synth_model(base).session(n_ctx)),
+            Recorder(_synth_model(draft).session(n_ctx)))
+
+
 # name -> factory(n_vocab, seed, relation, n_ctx=...) -> (target, draft)
-PAIR_FACTORIES = {"fake": fake_pair}
+PAIR_FACTORIES = {"fake": fake_pair, "synth": synth_pair}
 
 
 class PathRng:

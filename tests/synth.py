@@ -41,6 +41,25 @@ def _tokens(n_vocab: int) -> list[str]:
     return toks
 
 
+# byte offsets of the fp16 super-block scales (d, and dmin where there is one) per K-quant,
+# which gguf.quants cannot quantize to: random blocks are drawn and these scales set instead.
+_KQUANT_SCALES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+
+
+def _random_kquant(rng, n_out: int, n_in: int, qt: T, std: float) -> np.ndarray:
+    """Random K-quant rows (n_out, row_bytes) whose dequantized values have about `std`."""
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    raw = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)   # (blocks, size)
+    offsets = _KQUANT_SCALES[qt]
+    for scale_try in (1e-3, None):
+        for k, off in enumerate(offsets):
+            val = scale_try if scale_try is not None else cur[k]
+            raw[:, off:off + 2] = np.frombuffer(np.float16(val).tobytes(), np.uint8)
+        got = gguf.quants.dequantize(raw.reshape(n_out, -1), qt).std()
+        cur = [np.float16(1e-3 * std / got)] * len(offsets)
+    return raw.reshape(n_out, -1)
+
+
 def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     """Write a random-weight model to `path` and return it."""
     rng = np.random.default_rng(spec.seed)
@@ -78,6 +97,9 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
             w.add_tensor(name, x)
         elif qt == T.F16:
             w.add_tensor(name, x.astype(np.float16))
+        elif qt in _KQUANT_SCALES:
+            raw = _random_kquant(rng, n_out, n_in, qt, std)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
         else:
             raw = gguf.quants.quantize(x, qt)
             w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)

@@ -1,4 +1,6 @@
-"""sampling.probs (top-k / top-p / min-p / temperature) and the two random primitives."""
+"""sampling.probs (top-k / top-p / min-p / temperature) and the two random primitives.
+
+p is always the target's distribution, q the draft's; here only single rows are warped."""
 from __future__ import annotations
 
 import math

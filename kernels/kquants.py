@@ -1,0 +1,84 @@
+"""K-quant matmul and row lookup: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+
+``MATMUL[qtype](w, x, out)``: out[m, n] = dot(W[n, :], x[m, :]) the way llama.cpp's CPU
+backend computes it (ggml_vec_dot_qX_K_q8_K): each activation row is quantized to Q8_K
+(q8k.py), every super-block of 256 is an exact integer dot product per scale group, scaled
+by d·dx (and the mins by dmin·dx), and the super-blocks are summed in float32 in order.
+
+    w    uint8 (N, row_bytes) raw GGUF rows, zero-copy, C-contiguous
+    x    float32 (M, K), K % 256 == 0
+    out  float32 (M, N), filled in place
+
+Each weight super-block is read and decoded once and used for all M rows (kquants_simd);
+no dequantized copy of a weight matrix is ever built.  Row independence: out[m] depends on
+x[m] only, bitwise, whatever M is — every (n, m) goes through the same fixed sequence of
+float operations, with no M-dependent tiling.
+
+``GET_ROWS[qtype](w, ids, out)``: bit-exact dequantization of rows ``ids`` (kquants_dequant).
+"""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+from numba import get_num_threads
+
+from . import kquants_dequant as dq
+from .kquants_simd import DECODERS, MATMUL_Q8K
+from .q8k import QK_K, quantize_q8_k
+
+_T = gguf.GGMLQuantizationType
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
+BLOCK_BYTES = {qt: nbytes for qt, (_, nbytes) in DECODERS.items()}   # bytes per 256 values
+
+
+def _check_weights(qtype: int, w: np.ndarray, k: int) -> None:
+    if w.dtype != np.uint8 or w.ndim != 2 or not w.flags.c_contiguous:
+        raise ValueError("K-quant weights must be a C-contiguous uint8 (N, row_bytes) array")
+    if k % QK_K or w.shape[1] != k // QK_K * BLOCK_BYTES[qtype]:
+        raise ValueError(f"{_T(qtype).name}: rows of {w.shape[1]} bytes do not hold K={k} values")
+
+
+def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.ndarray,
+               out: np.ndarray) -> None:
+    """out = x · Wᵀ from activations already quantized by q8k.quantize_q8_k, so several
+    weight matrices reading the same input (q/k/v, gate/up) can share one quantization."""
+    m, k = xq.shape
+    _check_weights(qtype, w, k)
+    if out.shape != (m, w.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, w.shape[0])}")
+    n_chunks = max(1, min(get_num_threads(), w.shape[0]))   # one contiguous chunk per thread
+    acc = np.empty((n_chunks, m, 16), np.float32)            # per-chunk lane accumulators
+    MATMUL_Q8K[qtype](w, xq, xd, xbs, out, acc)
+
+
+def _matmul_fn(qtype: int):
+    def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+        """w uint8 (N, row_bytes), x float32 (M, K) -> out float32 (M, N), in place."""
+        xq, xd, xbs = quantize_q8_k(x)
+        matmul_q8k(qtype, w, xq, xd, xbs, out)
+    matmul.__name__ = f"matmul_{_T(qtype).name.lower()}"
+    return matmul
+
+
+def _get_rows_fn(qtype: int, kernel):
+    def get_rows(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
+        """w uint8 (N, row_bytes), ids int64 (M,) -> out float32 (M, K), in place."""
+        _check_weights(qtype, w, out.shape[1])
+        if out.dtype != np.float32 or not out.flags.c_contiguous or out.shape[0] != len(ids):
+            raise ValueError("out must be a C-contiguous float32 array of shape (len(ids), K)")
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
+            raise IndexError(f"row id out of range [0, {w.shape[0]})")
+        kernel(w, ids, out)
+    get_rows.__name__ = f"get_rows_{_T(qtype).name.lower()}"
+    return get_rows
+
+
+MATMUL = {qt: _matmul_fn(qt) for qt in MATMUL_Q8K}
+GET_ROWS = {
+    Q2_K: _get_rows_fn(Q2_K, dq.get_rows_q2_k),
+    Q3_K: _get_rows_fn(Q3_K, dq.get_rows_q3_k),
+    Q4_K: _get_rows_fn(Q4_K, dq.get_rows_q4_k),
+    Q5_K: _get_rows_fn(Q5_K, dq.get_rows_q5_k),
+    Q6_K: _get_rows_fn(Q6_K, dq.get_rows_q6_k),
+}

@@ -1,0 +1,459 @@
+"""K-quant × Q8_K matmul kernels: SIMD super-block intrinsics and their prange drivers.
+
+Plain Numba cannot keep a decoded weight block in vector registers across a loop over the
+activation rows (and its byte stores followed by wide loads stall on store forwarding), so
+the inner block is written in portable LLVM vector IR.
+
+``make_block_kernel(qtype)`` -> ``kernel(w, n, b, xq, xd, xbs, acc, c)``: decode super-block
+``b`` of weight row ``n`` into registers ONCE, then for every activation row m add its
+contribution to the 16 float lanes ``acc[c, m, :]`` (``lane_sum`` folds them at the end).
+
+Lane-major layout.  Lane L (0…15) of the 16 int32 lanes is the scale group L, i.e. the
+values 16L … 16L+15 of the super-block (every K-quant scale covers 16 or 32 values).  The
+four 64-byte vectors V_k (k = 0…3) hold in lane L the values 16L+4k … 16L+4k+3; Q8_K codes
+are stored in the same order (see q8k.py), so four chained ``vpdpbusd`` (u8 × s8 -> int32,
+4 products per lane) leave in lane L the exact integer dot of group L, and each scale is
+applied once per lane (ggml_vec_dot_qX_K_q8_K: int32 sums per sub-block, then scales):
+
+    dot[L]  = Σ_{i∈L} u_i · xq_i           u: unsigned weight codes (0 … 2^bits − 1)
+    Q4_K, Q5_K, Q2_K:  acc[L] += (d·dx)·(sc[L]·dot[L]) − (dmin·dx)·(mn[L]·bsum[L])
+    Q6_K, Q3_K:        acc[L] += (d·dx)·(sc[L]·(dot[L] − off·bsum[L]))   (q = u − off)
+
+All lane values are exact int32 below 2^24 (bounds in the decoders), so the int -> float
+conversion is exact and every lane update is one fused multiply-add per term.  The float
+operations per (n, m) are this fixed sequence, super-block after super-block: out[m] is
+bitwise independent of M and of the other rows.
+
+Arrays (C-contiguous):  w uint8 (N, row_bytes) raw GGUF rows;  xq int8 (M, K) lane-major
+Q8_K codes in [-127, 127];  xd float32 (M, K/256);  xbs int32 (M, K/16) per-16 code sums;
+acc float32 (n_chunks, M, 16).
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import gguf
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils, config
+from numba.core.codegen import get_host_cpu_features
+from numba.extending import intrinsic
+
+QK_K = 256
+
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F32 = ir.FloatType()
+V64I8, V16I32, V16F32 = ir.VectorType(I8, 64), ir.VectorType(I32, 16), ir.VectorType(F32, 16)
+LANES = range(16)
+
+
+def _features() -> set[str]:
+    """The target features Numba compiles for (as numba.core.codegen chooses them)."""
+    feats = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    return set(feats.split(","))
+
+
+def have_vnni() -> bool:
+    """AVX-512 VNNI (vpdpbusd on zmm) available to the compiled code."""
+    return {"+avx512f", "+avx512bw", "+avx512vnni"} <= _features()
+
+
+def have_f16c() -> bool:
+    return "+f16c" in _features()
+
+
+# ---------------------------------------------------------------------------- IR helpers
+
+def _vec(ty: ir.Type, values) -> ir.Constant:
+    """Constant vector from a list."""
+    return ir.Constant(ir.VectorType(ty, len(values)), list(values))
+
+
+def _splat_i32(value: int) -> ir.Constant:
+    return ir.Constant(V16I32, value)
+
+
+def _load(builder, base, byte_off: int, ty: ir.Type):
+    """Unaligned load of ``ty`` at ``base + byte_off`` (base: i8 pointer)."""
+    return builder.load(builder.gep(base, [I64(byte_off)], source_etype=I8), typ=ty, align=1)
+
+
+def _shuffle(builder, v, mask):
+    """Lanes ``mask`` of v (a constant permutation / gather within one vector)."""
+    return builder.shuffle_vector(v, ir.Constant(v.type, None), _vec(I32, mask))
+
+
+def _lanes(builder, words, index, shift, mask: int):
+    """(words[index[L]] >> shift[L]) & mask for the 16 lanes: a dword gather (vpermd /
+    vpermt2d), a per-lane shift (vpsrlvd) and a byte-wise mask."""
+    v = _shuffle(builder, words, index)
+    if any(shift):
+        v = builder.lshr(v, _vec(I32, shift))
+    return builder.and_(v, _splat_i32(mask))
+
+
+def _f16_to_f32(builder, h16, f16c: bool):
+    """IEEE half bits (i16) -> float, exact (GGML_FP16_TO_FP32; numpy's float16 -> float32)."""
+    if f16c:
+        return builder.fpext(builder.bitcast(h16, ir.HalfType()), F32)
+    h = builder.zext(h16, I32)
+    em = builder.shl(builder.and_(h, I32(0x7FFF)), I32(13))
+    # exponent/mantissa moved into a float32 and rescaled by 2^112: exact for normals and
+    # subnormals; the all-ones exponent (inf / nan) is patched to 0xFF.
+    scaled = builder.bitcast(builder.fmul(builder.bitcast(em, F32), F32(2.0 ** 112)), I32)
+    is_special = builder.icmp_unsigned("==", builder.and_(h, I32(0x7C00)), I32(0x7C00))
+    bits = builder.select(is_special, builder.or_(em, I32(0x7F800000)), scaled)
+    sign = builder.shl(builder.and_(h, I32(0x8000)), I32(16))
+    return builder.bitcast(builder.or_(bits, sign), F32)
+
+
+def _dpbusd(builder, vnni: bool, acc, a_u8, b_i8):
+    """acc + (<64 x u8> · <64 x i8> summed by 4 per lane) -> <16 x i32>, exact (no
+    saturation).  ggml: _mm512_dpbusd_epi32 / mul_sum_us8_pairs."""
+    if vnni:
+        fn = builder.module.declare_intrinsic(
+            "llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(V16I32, [V16I32] * 3))
+        return builder.call(fn, [acc, builder.bitcast(a_u8, V16I32), builder.bitcast(b_i8, V16I32)])
+    vt = ir.VectorType(I32, 64)
+    prod = builder.mul(builder.zext(a_u8, vt), builder.sext(b_i8, vt))
+    parts = [_shuffle(builder, prod, [4 * i + k for i in LANES]) for k in range(4)]
+    return builder.add(acc, builder.add(builder.add(parts[0], parts[1]),
+                                        builder.add(parts[2], parts[3])))
+
+
+def _fma(builder, a, b, c):
+    """a·b + c rounded once (llvm.fma: vfmadd on x86, the same value on any target)."""
+    fn = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
+    return builder.call(fn, [a, b, c])
+
+
+def _splat_f32(builder, f):
+    v = builder.insert_element(ir.Constant(V16F32, None), f, I32(0))
+    return _shuffle(builder, v, [0] * 16)
+
+
+# ------------------------------------------------------------------------ block decoders
+
+class Decoded(NamedTuple):
+    """One super-block in registers (lane-major, see the module docstring)."""
+    u: list            # 4 × <16 x i32> (= <64 x u8>): V_k, unsigned codes
+    sc: ir.Value       # <16 x i32>: scale of lane (group) L
+    mn: ir.Value       # <16 x i32>: min of group L (Q4_K, Q5_K, Q2_K) or None
+    off: int           # code offset (Q6_K 32, Q3_K 4) or 0
+    d: ir.Value        # float: super-block scale
+    dmin: ir.Value     # float or None
+
+
+def _k4_scales(builder, p, off: int):
+    """12-byte 6-bit scale / min packing of Q4_K and Q5_K (get_scale_min_k4) -> lanes
+    (sc, mn) of <16 x i32>, sub-block j's values in lanes 2j and 2j+1."""
+    V4 = ir.VectorType(I8, 4)
+    a, b, c = (_load(builder, p, off + 4 * i, V4) for i in range(3))
+    cst = {v: ir.Constant(V4, v) for v in (2, 4, 15, 0x30, 63)}
+    sc_lo, mn_lo = builder.and_(a, cst[63]), builder.and_(b, cst[63])
+    sc_hi = builder.or_(builder.and_(c, cst[15]), builder.and_(builder.lshr(a, cst[2]), cst[0x30]))
+    mn_hi = builder.or_(builder.lshr(c, cst[4]), builder.and_(builder.lshr(b, cst[2]), cst[0x30]))
+
+    def lanes(lo, hi):
+        both = builder.shuffle_vector(lo, hi, _vec(I32, range(8)))    # sub-blocks 0 … 7
+        return _shuffle(builder, builder.zext(both, ir.VectorType(I32, 8)), [L // 2 for L in LANES])
+    return lanes(sc_lo, sc_hi), lanes(mn_lo, mn_hi)
+
+
+def _decode_q4_k(builder, p, f16c):
+    """block_q4_K (144 B): d, dmin (f16), scales[12], qs[128] (dequantize_row_q4_K).
+    Sub-block j = lanes 2j, 2j+1; its value l is nibble j%2 of qs[32(j//2) + l].
+    u ≤ 15, sc, mn ≤ 63: |sc·dot| ≤ 63·16·15·127 < 2^21."""
+    qs = _load(builder, p, 16, ir.VectorType(I32, 32))
+    u = [_lanes(builder, qs, [8 * (L // 4) + 4 * (L % 2) + k for L in LANES],
+                [4 * ((L // 2) % 2) for L in LANES], 0x0F0F0F0F) for k in range(4)]
+    sc, mn = _k4_scales(builder, p, 4)
+    d = _f16_to_f32(builder, _load(builder, p, 0, I16), f16c)
+    dmin = _f16_to_f32(builder, _load(builder, p, 2, I16), f16c)
+    return Decoded(u, sc, mn, 0, d, dmin)
+
+
+def _decode_q5_k(builder, p, f16c):
+    """block_q5_K (176 B): d, dmin, scales[12], qh[32], qs[128] (dequantize_row_q5_K).
+    As Q4_K plus 16 · bit j of qh[l].  u ≤ 31: |sc·dot| ≤ 63·16·31·127 < 2^22."""
+    qs = _load(builder, p, 48, ir.VectorType(I32, 32))
+    qh = _load(builder, p, 16, ir.VectorType(I32, 8))
+    u = []
+    for k in range(4):
+        lo = _lanes(builder, qs, [8 * (L // 4) + 4 * (L % 2) + k for L in LANES],
+                    [4 * ((L // 2) % 2) for L in LANES], 0x0F0F0F0F)
+        hi = _lanes(builder, qh, [4 * (L % 2) + k for L in LANES], [L // 2 for L in LANES], 0x01010101)
+        u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
+    sc, mn = _k4_scales(builder, p, 4)
+    d = _f16_to_f32(builder, _load(builder, p, 0, I16), f16c)
+    dmin = _f16_to_f32(builder, _load(builder, p, 2, I16), f16c)
+    return Decoded(u, sc, mn, 0, d, dmin)
+
+
+def _hsl(L: int) -> tuple[int, int, int]:
+    """Group L of the Q2_K / Q3_K / Q6_K layouts: values 128h + 32s + 16t + (0…15)."""
+    return L // 8, (L % 8) // 2, L % 2
+
+
+def _decode_q6_k(builder, p, f16c):
+    """block_q6_K (210 B): ql[128], qh[64], scales[16] int8, d (dequantize_row_q6_K).
+    Value 128h + 32s + l: nibble s//2 of ql[64h + 32(s%2) + l] | bits 2s of qh[32h + l] << 4,
+    q = u − 32.  |sc·(dot − 32·bsum)| ≤ 128·16·32·127 < 2^23."""
+    ql = _load(builder, p, 0, ir.VectorType(I32, 32))
+    qh = _load(builder, p, 128, V16I32)
+    u = []
+    for k in range(4):
+        hsl = [_hsl(L) for L in LANES]
+        lo = _lanes(builder, ql, [16 * h + 8 * (s % 2) + 4 * t + k for h, s, t in hsl],
+                    [4 * (s // 2) for h, s, t in hsl], 0x0F0F0F0F)
+        hi = _lanes(builder, qh, [8 * h + 4 * t + k for h, s, t in hsl], [2 * s for h, s, t in hsl],
+                    0x03030303)
+        u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
+    sc = builder.sext(_load(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
+    d = _f16_to_f32(builder, _load(builder, p, 208, I16), f16c)
+    return Decoded(u, sc, None, 32, d, None)
+
+
+def _crumbs(builder, qs, k: int):
+    """Q2_K / Q3_K low bits: value 128h + 32s + l is (qs[32h + l] >> 2s) & 3."""
+    hsl = [_hsl(L) for L in LANES]
+    return _lanes(builder, qs, [8 * h + 4 * t + k for h, s, t in hsl], [2 * s for h, s, t in hsl],
+                  0x03030303)
+
+
+def _decode_q3_k(builder, p, f16c):
+    """block_q3_K (110 B): hmask[32], qs[64], scales[12] (6-bit, −32), d (dequantize_row_q3_K).
+    q = low − 4 unless bit 4h+s of hmask[l] is set: u = low | hbit << 2 = q + 4.
+    |sc·(dot − 4·bsum)| ≤ 32·16·4·127 < 2^18."""
+    qs = _load(builder, p, 32, V16I32)
+    hm = _load(builder, p, 0, ir.VectorType(I32, 8))
+    u = []
+    for k in range(4):
+        hsl = [_hsl(L) for L in LANES]
+        hb = _lanes(builder, hm, [4 * t + k for h, s, t in hsl], [4 * h + s for h, s, t in hsl], 0x01010101)
+        u.append(builder.or_(_crumbs(builder, qs, k), builder.shl(hb, _splat_i32(2))))
+    # scale L: low nibble of byte L%8 (shifted by 4·(L//8)) | 2 bits of byte 8 + L%4 << 4
+    V16 = ir.VectorType(I8, 16)
+    lo8 = _load(builder, p, 96, ir.VectorType(I8, 8))
+    lo = builder.and_(builder.lshr(_shuffle(builder, lo8, [L % 8 for L in LANES]),
+                                   _vec(I8, [4 * (L // 8) for L in LANES])), ir.Constant(V16, 15))
+    hi4 = _load(builder, p, 104, ir.VectorType(I8, 4))
+    hi = builder.and_(builder.lshr(_shuffle(builder, hi4, [L % 4 for L in LANES]),
+                                   _vec(I8, [2 * (L // 4) for L in LANES])), ir.Constant(V16, 3))
+    sc6 = builder.or_(lo, builder.shl(hi, ir.Constant(V16, 4)))
+    sc = builder.sub(builder.zext(sc6, V16I32), _splat_i32(32))
+    d = _f16_to_f32(builder, _load(builder, p, 108, I16), f16c)
+    return Decoded(u, sc, None, 4, d, None)
+
+
+def _decode_q2_k(builder, p, f16c):
+    """block_q2_K (84 B): scales[16] (scale | min << 4), qs[64], d, dmin (dequantize_row_q2_K).
+    u ≤ 3, sc, mn ≤ 15."""
+    qs = _load(builder, p, 16, V16I32)
+    u = [_crumbs(builder, qs, k) for k in range(4)]
+    sm = _load(builder, p, 0, ir.VectorType(I8, 16))
+    sc = builder.zext(builder.and_(sm, ir.Constant(sm.type, 15)), V16I32)
+    mn = builder.zext(builder.lshr(sm, ir.Constant(sm.type, 4)), V16I32)
+    d = _f16_to_f32(builder, _load(builder, p, 80, I16), f16c)
+    dmin = _f16_to_f32(builder, _load(builder, p, 82, I16), f16c)
+    return Decoded(u, sc, mn, 0, d, dmin)
+
+
+_T = gguf.GGMLQuantizationType
+DECODERS: dict[int, tuple[Callable, int]] = {   # qtype -> (decoder, block bytes)
+    int(_T.Q2_K): (_decode_q2_k, 84),
+    int(_T.Q3_K): (_decode_q3_k, 110),
+    int(_T.Q4_K): (_decode_q4_k, 144),
+    int(_T.Q5_K): (_decode_q5_k, 176),
+    int(_T.Q6_K): (_decode_q6_k, 210),
+}
+
+
+# --------------------------------------------------------------------------- intrinsics
+
+def _emit_rows(builder, dec: Decoded, vnni: bool, xq_p, xd_p, xbs_p, acc_p, M, K, b):
+    """The loop over the M activation rows for one decoded super-block."""
+    u8 = [builder.bitcast(v, V64I8) for v in dec.u]
+    nblk = builder.sdiv(K, I64(QK_K))
+    with cgutils.for_range(builder, M) as loop:
+        m = loop.index
+        xrow = builder.add(builder.mul(m, K), builder.mul(b, I64(QK_K)))   # byte offset in xq
+        bs_idx = builder.add(builder.mul(m, builder.sdiv(K, I64(16))), builder.mul(b, I64(16)))
+        bs = builder.load(builder.gep(xbs_p, [bs_idx], source_etype=I32), typ=V16I32, align=4)
+        # offset codes: start the dot at −off·bsum (the ggml AVX2 paths' q8sums trick)
+        dot = builder.sub(_splat_i32(0), builder.mul(bs, _splat_i32(dec.off))) if dec.off else _splat_i32(0)
+        for k in range(4):
+            xv = builder.load(builder.gep(xq_p, [builder.add(xrow, I64(64 * k))], source_etype=I8),
+                              typ=V64I8, align=1)
+            dot = _dpbusd(builder, vnni, dot, u8[k], xv)
+        dx = builder.load(builder.gep(xd_p, [builder.add(builder.mul(m, nblk), b)], source_etype=F32))
+        a_ptr = builder.bitcast(builder.gep(acc_p, [builder.mul(m, I64(16))], source_etype=F32),
+                                V16F32.as_pointer())
+        acc = builder.load(a_ptr, align=4)
+        acc = _fma(builder, builder.sitofp(builder.mul(dot, dec.sc), V16F32),
+                   _splat_f32(builder, builder.fmul(dec.d, dx)), acc)
+        if dec.dmin is not None:    # − dmin·dx · Σ mn·bsum (ggml_vec_dot_q4_K_q8_K's mins)
+            mdx = _splat_f32(builder, builder.fneg(builder.fmul(dec.dmin, dx)))
+            acc = _fma(builder, builder.sitofp(builder.mul(bs, dec.mn), V16F32), mdx, acc)
+        builder.store(acc, a_ptr, align=4)
+
+
+def make_block_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None):
+    """-> intrinsic ``kernel(w, n, b, xq, xd, xbs, acc, c)``: weight super-block ``b`` of
+    row ``n`` times every activation row m, added to the lanes ``acc[c, m, :]``.
+    ``vnni`` / ``f16c`` pick the instruction path (default: what the target has); every path
+    computes the same values."""
+    decoder, block_bytes = DECODERS[qtype]
+    vnni = have_vnni() if vnni is None else vnni
+    f16c = have_f16c() if f16c is None else f16c
+
+    def kernel(typingctx, w, n, b, xq, xd, xbs, acc, c):
+        sig = types.void(w, n, b, xq, xd, xbs, acc, c)
+
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            wa, _, _, xqa, xda, xbsa, acca, _ = (
+                context.make_array(t)(context, builder, value=v) if isinstance(t, types.Array) else None
+                for t, v in zip(tys, args))
+            n_, b_, c_ = (context.cast(builder, args[i], tys[i], types.int64) for i in (1, 2, 7))
+            M, K = cgutils.unpack_tuple(builder, xqa.shape, 2)
+            row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
+            off = builder.add(builder.mul(n_, row_bytes), builder.mul(b_, I64(block_bytes)))
+            dec = decoder(builder, builder.gep(wa.data, [off], source_etype=I8), f16c)
+            acc_p = builder.gep(acca.data, [builder.mul(c_, builder.mul(M, I64(16)))], source_etype=F32)
+            _emit_rows(builder, dec, vnni, xqa.data, xda.data, xbsa.data, acc_p, M, K, b_)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    kernel.__name__ = f"block_{_T(qtype).name.lower()}"
+    return intrinsic(kernel)
+
+
+@intrinsic
+def lane_sum(typingctx, acc, c, m):
+    """Σ acc[c, m, :] (float32 (n_chunks, M, 16)) in a fixed pairwise order: lanes
+    (l, l+8), then (l, l+4), (l, l+2), (l, l+1) — the same whatever M is."""
+    sig = types.float32(acc, c, m)
+
+    def codegen(context, builder, signature, args):
+        acca = context.make_array(signature.args[0])(context, builder, value=args[0])
+        c_, m_ = (context.cast(builder, v, t, types.int64) for v, t in zip(args[1:], signature.args[1:]))
+        M = cgutils.unpack_tuple(builder, acca.shape, 3)[1]
+        idx = builder.mul(builder.add(builder.mul(c_, M), m_), I64(16))
+        v = builder.load(builder.gep(acca.data, [idx], source_etype=F32), typ=V16F32, align=4)
+        for half in (8, 4, 2, 1):
+            v = builder.fadd(_shuffle(builder, v, range(half)), _shuffle(builder, v, range(half, 2 * half)))
+        return builder.extract_element(v, I32(0))
+    return sig, codegen
+
+
+def make_load_f16(f16c: bool | None = None):
+    """-> intrinsic ``load_f16(w, n, byte_off) -> float32``: the IEEE half at byte
+    ``byte_off`` of row ``n`` of the uint8 matrix ``w`` (GGML_FP16_TO_FP32), exact."""
+    f16c = have_f16c() if f16c is None else f16c
+
+    def load_f16(typingctx, w, n, off):
+        sig = types.float32(w, n, off)
+
+        def codegen(context, builder, signature, args):
+            wa = context.make_array(signature.args[0])(context, builder, value=args[0])
+            n_, o_ = (context.cast(builder, v, t, types.int64)
+                      for v, t in zip(args[1:], signature.args[1:]))
+            row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
+            p = builder.gep(wa.data, [builder.add(builder.mul(n_, row_bytes), o_)], source_etype=I8)
+            return _f16_to_f32(builder, builder.load(p, typ=I16, align=1), f16c)
+        return sig, codegen
+
+    return intrinsic(load_f16)
+
+
+BLOCK_KERNELS = {qt: make_block_kernel(qt) for qt in DECODERS}
+load_f16 = make_load_f16()
+
+_block_q2_k = BLOCK_KERNELS[int(_T.Q2_K)]
+_block_q3_k = BLOCK_KERNELS[int(_T.Q3_K)]
+_block_q4_k = BLOCK_KERNELS[int(_T.Q4_K)]
+_block_q5_k = BLOCK_KERNELS[int(_T.Q5_K)]
+_block_q6_k = BLOCK_KERNELS[int(_T.Q6_K)]
+
+
+# ------------------------------------------------------------------------------ drivers
+# matmul_<fmt>(w, xq, xd, xbs, out, acc): out (M, N) = W · xᵀ from Q8_K activations;
+# acc: float32 (n_chunks, M, 16) scratch.  prange over n_chunks contiguous chunks of
+# output rows; row n's lanes acc[c] gather its super-blocks in order, then lane_sum folds
+# them into out[:, n].  One driver per format: Numba caches a function per definition, so
+# the block kernel is a global constant, not an argument.  (They live in this file so that
+# an edit of the intrinsics above invalidates their cache.)
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_q2_k(w, xq, xd, xbs, out, acc):
+    n_rows, n_chunks = out.shape[1], acc.shape[0]
+    for c in prange(n_chunks):
+        for n in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
+            for m in range(acc.shape[1]):
+                for lane in range(16):
+                    acc[c, m, lane] = 0.0
+            for b in range(xq.shape[1] // QK_K):
+                _block_q2_k(w, n, b, xq, xd, xbs, acc, c)
+            for m in range(out.shape[0]):
+                out[m, n] = lane_sum(acc, c, m)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_q3_k(w, xq, xd, xbs, out, acc):
+    n_rows, n_chunks = out.shape[1], acc.shape[0]
+    for c in prange(n_chunks):
+        for n in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
+            for m in range(acc.shape[1]):
+                for lane in range(16):
+                    acc[c, m, lane] = 0.0
+            for b in range(xq.shape[1] // QK_K):
+                _block_q3_k(w, n, b, xq, xd, xbs, acc, c)
+            for m in range(out.shape[0]):
+                out[m, n] = lane_sum(acc, c, m)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_q4_k(w, xq, xd, xbs, out, acc):
+    n_rows, n_chunks = out.shape[1], acc.shape[0]
+    for c in prange(n_chunks):
+        for n in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
+            for m in range(acc.shape[1]):
+                for lane in range(16):
+                    acc[c, m, lane] = 0.0
+            for b in range(xq.shape[1] // QK_K):
+                _block_q4_k(w, n, b, xq, xd, xbs, acc, c)
+            for m in range(out.shape[0]):
+                out[m, n] = lane_sum(acc, c, m)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_q5_k(w, xq, xd, xbs, out, acc):
+    n_rows, n_chunks = out.shape[1], acc.shape[0]
+    for c in prange(n_chunks):
+        for n in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
+            for m in range(acc.shape[1]):
+                for lane in range(16):
+                    acc[c, m, lane] = 0.0
+            for b in range(xq.shape[1] // QK_K):
+                _block_q5_k(w, n, b, xq, xd, xbs, acc, c)
+            for m in range(out.shape[0]):
+                out[m, n] = lane_sum(acc, c, m)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_q6_k(w, xq, xd, xbs, out, acc):
+    n_rows, n_chunks = out.shape[1], acc.shape[0]
+    for c in prange(n_chunks):
+        for n in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
+            for m in range(acc.shape[1]):
+                for lane in range(16):
+                    acc[c, m, lane] = 0.0
+            for b in range(xq.shape[1] // QK_K):
+                _block_q6_k(w, n, b, xq, xd, xbs, acc, c)
+            for m in range(out.shape[0]):
+                out[m, n] = lane_sum(acc, c, m)
+
+
+MATMUL_Q8K = {int(_T.Q2_K): matmul_q2_k, int(_T.Q3_K): matmul_q3_k, int(_T.Q4_K): matmul_q4_k,
+              int(_T.Q5_K): matmul_q5_k, int(_T.Q6_K): matmul_q6_k}

@@ -1,0 +1,288 @@
+"""Matmul and row lookup for the non-K formats: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
+
+``MATMUL[qtype](w, x, out)``: out[m, n] = dot(W[n, :], x[m, :]) without ever building a
+dequantized copy of W.
+
+* Q4_0 / Q5_0 / Q8_0: x is quantized to Q8_0 blocks and Q4_1 / Q5_1 to Q8_1 blocks
+  (q8_act.py), then each 32-block contributes an exact int32 dot product scaled in
+  float32, blocks added in order (legacy_ir.py documents the exact update, which is
+  that of ggml's generic ``ggml_vec_dot_*_q8_*``).  The weights are walked in tiles of
+  8 rows; a tile's blocks are decoded once per chunk of up to ``M_CHUNK`` activation
+  rows, so verifying M drafted tokens reads the weights once.
+* F32 / F16 / BF16: the weight row is widened to float32 once (exact) and dotted with the
+  float32 x using 8 interleaved float32 partial sums (lane j takes k = j mod 8) that are
+  combined as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)), then the K mod 8 tail in order.
+  ggml instead rounds x to fp16 / bf16 first; keeping x in float32 is more accurate.
+
+Row independence: every float operation that produces out[m, n] depends only on x[m]
+and W[n] and happens in the same order for any M, any tiling and any thread count, so
+matmul(w, x)[m] == matmul(w, x[m:m+1])[0] bitwise.
+
+``GET_ROWS[qtype](w, ids, out)``: rows ``ids`` dequantized exactly as
+``gguf.quants.dequantize`` does (same float32 operations; NaN payloads aside).
+
+Weight arrays, as ``gguf.GGUFReader(...).tensors[i].data`` holds them (zero-copy):
+    F32 float32 (N, K) · F16 float16 (N, K) · BF16 and the quants uint8 (N, row_bytes)
+"""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+from numba import njit, prange
+
+from .legacy_ir import DECODERS, TILE
+from .q8_act import QK8, half_bits_to_f32, quantize_q8_rows
+
+_T = gguf.GGMLQuantizationType
+F32, F16, BF16 = int(_T.F32), int(_T.F16), int(_T.BF16)
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
+BLOCK_BYTES = {qt: nbytes for qt, (_, nbytes) in DECODERS.items()}
+
+TILE_ROWS = 8   # weight rows per SIMD tile (legacy_ir)
+M_CHUNK = 32    # activation rows per pass over a decoded tile
+
+_tile_q4_0, _tile_q4_1, _tile_q5_0 = TILE[Q4_0], TILE[Q4_1], TILE[Q5_0]
+_tile_q5_1, _tile_q8_0 = TILE[Q5_1], TILE[Q8_0]
+
+
+# ---------------------------------------------------------------- quantized matmul driver
+
+@njit(cache=True, nogil=True)
+def _tile_blocks(qtype, w, row0, rs, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc_ms):
+    """All K/32 blocks, in order, of the 8-row tile at byte ``row0`` (row stride ``rs``).
+
+    Adds into acc[acc0 + m*acc_ms + r] for m0 <= m < m1, r < 8.  Arrays are flat.
+    """
+    nb = k // QK8
+    if qtype == Q4_0:
+        for b in range(nb):
+            _tile_q4_0(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+    elif qtype == Q4_1:
+        for b in range(nb):
+            _tile_q4_1(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+    elif qtype == Q5_0:
+        for b in range(nb):
+            _tile_q5_0(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+    elif qtype == Q5_1:
+        for b in range(nb):
+            _tile_q5_1(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+    else:
+        for b in range(nb):
+            _tile_q8_0(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _matmul_q8act(qtype, w, xq, xsum, xd, xs, out):
+    """out (M, N) = W · xᵀ from Q8 activations.
+
+    w uint8 (N, row_bytes); xq int8 (M, K); xsum int32, xd, xs float32 (M, K/32).
+    prange over 8-row tiles; the last N mod 8 rows go through a zero-padded tile.
+    """
+    n, rs = w.shape
+    m_rows, k = xq.shape
+    wf, xqf, outf = w.reshape(-1), xq.reshape(-1), out.reshape(-1)
+    xsumf, xdf, xsf = xsum.reshape(-1), xd.reshape(-1), xs.reshape(-1)
+    n_tiles = n // TILE_ROWS
+    for t in prange(n_tiles):
+        n0 = t * TILE_ROWS
+        for m0 in range(0, m_rows, M_CHUNK):
+            m1 = min(m_rows, m0 + M_CHUNK)
+            for m in range(m0, m1):
+                for r in range(TILE_ROWS):
+                    out[m, n0 + r] = np.float32(0.0)
+            _tile_blocks(qtype, wf, n0 * rs, rs, xqf, xsumf, xdf, xsf, k, m0, m1, outf, n0, n)
+    tail = n - n_tiles * TILE_ROWS
+    if tail:
+        pad = np.zeros((TILE_ROWS, rs), np.uint8)  # zero bytes: d = 0, the lanes are dropped
+        pad[:tail] = w[n_tiles * TILE_ROWS:]
+        acc = np.zeros(m_rows * TILE_ROWS, np.float32)
+        _tile_blocks(qtype, pad.reshape(-1), 0, rs, xqf, xsumf, xdf, xsf, k, 0, m_rows, acc, 0,
+                     TILE_ROWS)
+        for m in range(m_rows):
+            for r in range(tail):
+                out[m, n_tiles * TILE_ROWS + r] = acc[m * TILE_ROWS + r]
+
+
+@njit(cache=True, nogil=True)
+def _matmul_quant(qtype, w, x, out):
+    """Quantize x (float32 (M, K)) to Q8_0/Q8_1 and run the tiled matmul into out (M, N)."""
+    m_rows, k = x.shape
+    nb = k // QK8
+    xq = np.empty((m_rows, k), np.int8)
+    xd = np.empty((m_rows, nb), np.float32)
+    xsum = np.empty((m_rows, nb), np.int32)
+    xs = np.empty((m_rows, nb), np.float32)
+    quantize_q8_rows(x, xq, xd, xsum, xs)
+    _matmul_q8act(qtype, w, xq, xsum, xd, xs, out)
+
+
+# ------------------------------------------------------------------- float formats matmul
+
+@njit(cache=True, nogil=True)
+def _widen_row(kind, w, n, buf, bits):
+    """Row n of w (raw bits, see _bits_view) -> buf float32 (K,) exactly; bits = buf as uint32."""
+    k = buf.shape[0]
+    if kind == F32:
+        for i in range(k):
+            bits[i] = w[n, i]
+    elif kind == F16:  # w: uint16 fp16 bits, matches GGML_FP16_TO_FP32
+        for i in range(k):
+            buf[i] = half_bits_to_f32(w[n, i])
+    else:  # BF16, w: uint16 bf16 bits, matches GGML_BF16_TO_FP32
+        for i in range(k):
+            bits[i] = np.uint32(w[n, i]) << np.uint32(16)
+
+
+@njit(cache=True, nogil=True)
+def _dot8(a, x, m):
+    """dot(a, x[m]) in float32: 8 interleaved partial sums, fixed combination order."""
+    k = a.shape[0]
+    k8 = k - k % 8
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
+    for i in range(0, k8, 8):
+        s0 += a[i] * x[m, i]
+        s1 += a[i + 1] * x[m, i + 1]
+        s2 += a[i + 2] * x[m, i + 2]
+        s3 += a[i + 3] * x[m, i + 3]
+        s4 += a[i + 4] * x[m, i + 4]
+        s5 += a[i + 5] * x[m, i + 5]
+        s6 += a[i + 6] * x[m, i + 6]
+        s7 += a[i + 7] * x[m, i + 7]
+    total = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    for i in range(k8, k):
+        total += a[i] * x[m, i]
+    return total
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _matmul_float(kind, w, x, out):
+    """out (M, N) = W · xᵀ; w raw bits (N, K): uint32 for F32, uint16 for F16 / BF16."""
+    n = w.shape[0]
+    m_rows, k = x.shape
+    n_chunks = min(n, 64)
+    for c in prange(n_chunks):
+        bits = np.empty(k, np.uint32)
+        buf = bits.view(np.float32)
+        for row in range(c * n // n_chunks, (c + 1) * n // n_chunks):
+            _widen_row(kind, w, row, buf, bits)
+            for m in range(m_rows):
+                out[m, row] = _dot8(buf, x, m)
+
+
+# --------------------------------------------------------------------------- row lookup
+
+@njit(cache=True, nogil=True)
+def _f16_at(row, off):
+    """fp16 stored little-endian at row[off:off+2] -> float32."""
+    return half_bits_to_f32(np.uint16(row[off]) | (np.uint16(row[off + 1]) << np.uint16(8)))
+
+
+@njit(cache=True, nogil=True)
+def _dequant_block(qtype, row, o, dst, base):
+    """Dequantize the block at row[o:] into dst[base:base+32] (gguf.quants rules)."""
+    d = _f16_at(row, o)
+    if qtype == Q8_0:  # matches dequantize_row_q8_0: q * d
+        for j in range(QK8):
+            dst[base + j] = np.float32(np.int8(row[o + 2 + j])) * d
+        return
+    if qtype == Q4_0 or qtype == Q4_1:
+        qs = o + 2 if qtype == Q4_0 else o + 4
+        qh = np.uint32(0)
+    else:
+        qa = o + 2 if qtype == Q5_0 else o + 4
+        qh = (np.uint32(row[qa]) | (np.uint32(row[qa + 1]) << np.uint32(8))
+              | (np.uint32(row[qa + 2]) << np.uint32(16)) | (np.uint32(row[qa + 3]) << np.uint32(24)))
+        qs = qa + 4
+    off = 8 if qtype == Q4_0 else 16 if qtype == Q5_0 else 0
+    for j in range(QK8 // 2):
+        lo = np.int32(row[qs + j] & 15) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))
+        hi = np.int32(row[qs + j] >> 4) | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))
+        if qtype == Q4_1 or qtype == Q5_1:  # matches dequantize_row_q4_1 / q5_1: d*q + m
+            mn = _f16_at(row, o + 2)
+            dst[base + j] = d * np.float32(lo) + mn
+            dst[base + j + 16] = d * np.float32(hi) + mn
+        else:  # matches dequantize_row_q4_0 / q5_0: d*(q - off)
+            dst[base + j] = d * np.float32(lo - off)
+            dst[base + j + 16] = d * np.float32(hi - off)
+
+
+@njit(cache=True, nogil=True)
+def _get_rows_quant(qtype, block_bytes, w, ids, out):
+    """out (M, K) float32 = dequantized rows ids (M,) of w uint8 (N, row_bytes)."""
+    nb = out.shape[1] // QK8
+    for i in range(ids.shape[0]):
+        row = w[ids[i]]
+        dst = out[i]
+        for b in range(nb):
+            _dequant_block(qtype, row, b * block_bytes, dst, b * QK8)
+
+
+@njit(cache=True, nogil=True)
+def _get_rows_float(kind, w, ids, out):
+    """out (M, K) float32 = rows ids of w (raw bits (N, K), see _bits_view)."""
+    bits = out.view(np.uint32)
+    for i in range(ids.shape[0]):
+        r = ids[i]
+        for j in range(out.shape[1]):
+            if kind == F32:
+                bits[i, j] = w[r, j]
+            elif kind == F16:
+                out[i, j] = half_bits_to_f32(w[r, j])
+            else:
+                bits[i, j] = np.uint32(w[r, j]) << np.uint32(16)
+
+
+# ------------------------------------------------------------------------- public tables
+
+def _check(x: np.ndarray, out: np.ndarray, n: int) -> None:
+    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
+        raise ValueError("x must be a C-contiguous float32 (M, K) array")
+    if out.dtype != np.float32 or out.shape != (x.shape[0], n) or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {(x.shape[0], n)}")
+
+
+def _bits_view(kind: int, w: np.ndarray, k: int) -> np.ndarray:
+    """Zero-copy raw bits (N, K): F32 float32 -> uint32; F16 float16 / BF16 uint8 (N, 2K) -> uint16."""
+    w = np.ascontiguousarray(w)
+    bits = w.view(np.uint32 if kind == F32 else np.uint16)
+    if bits.shape != (w.shape[0], k):
+        raise ValueError(f"{_T(kind).name} weight {w.shape} does not have rows of {k} values")
+    return bits
+
+
+def _quant_matmul(qtype: int):
+    block_bytes = BLOCK_BYTES[qtype]
+
+    def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+        _check(x, out, w.shape[0])
+        if w.shape[1] != x.shape[1] // QK8 * block_bytes or x.shape[1] % QK8:
+            raise ValueError(f"{_T(qtype).name} weight {w.shape} does not match x {x.shape}")
+        _matmul_quant(qtype, np.ascontiguousarray(w), x, out)
+    return matmul
+
+
+def _float_matmul(kind: int):
+    def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+        _check(x, out, w.shape[0])
+        _matmul_float(kind, _bits_view(kind, w, x.shape[1]), x, out)
+    return matmul
+
+
+def _quant_get_rows(qtype: int):
+    block_bytes = BLOCK_BYTES[qtype]
+
+    def get_rows(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
+        _get_rows_quant(qtype, block_bytes, w, ids, out)
+    return get_rows
+
+
+def _float_get_rows(kind: int):
+    def get_rows(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
+        _get_rows_float(kind, _bits_view(kind, w, out.shape[1]), ids, out)
+    return get_rows
+
+
+MATMUL = {**{qt: _quant_matmul(qt) for qt in BLOCK_BYTES},
+          **{kind: _float_matmul(kind) for kind in (F32, F16, BF16)}}
+GET_ROWS = {**{qt: _quant_get_rows(qt) for qt in BLOCK_BYTES},
+            **{kind: _float_get_rows(kind) for kind in (F32, F16, BF16)}}

@@ -1,0 +1,321 @@
+"""SIMD tile kernel for the legacy quants (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) as Numba intrinsics.
+
+``TILE[qtype](w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)``
+handles one 32-element block ``b`` of EIGHT consecutive weight rows (byte offsets
+``row0 + r*rs``, r = 0..7) against activation rows m0 <= m < m1:
+
+1. decode the 8 blocks ONCE into unsigned codes u (uint8, 32 per row) plus the fp16
+   scales d (and mins m for the _1 formats):
+       Q4_0  w = u - 8     Q5_0  w = u - 16     Q8_0  w = u - 128 (u = w xor 0x80)
+       Q4_1  w = d*u + m   Q5_1  w = d*u + m
+2. transpose the 8x8 matrix of 4-byte groups so that vector c holds bytes 4c..4c+3
+   of every row;
+3. for each m: ``vpdpbusd`` with the broadcast 4-byte group c of xq[m] gives, in lane r,
+   the exact integer dot product of row r's block with the activation block; the
+   offset is removed exactly with the block sum of xq:
+       isum[r] = sum_j u[r, j] * xq[m, j]  -  off * xsum[m, b]
+   and the block's float contribution is added to acc[acc0 + m*acc_ms + r]:
+       _0 formats:  acc += float(isum) * (d_w * d_x)
+       _1 formats:  acc += ((d_w * d_x) * float(isum) + m_w * s_x)
+   which is the per-block update of ggml_vec_dot_q8_0_q8_0 / q5_0_q8_0 /
+   q4_1_q8_1 / q5_1_q8_1 (generic versions) with d_w, d_x, m_w, s_x from fp16.
+
+All integer arithmetic is exact (|isum| <= 32*255*127 < 2^31), so how the products
+are grouped cannot change a result; each float operation is a plain IEEE fmul/fadd
+in a fixed order per (row, m) and lanes never interact: out[m] is bitwise the same
+whatever M is, whatever the other rows of x hold and whichever ISA path ran.
+
+Arrays (flat, C-contiguous): w uint8 raw GGUF bytes; xq int8 (M*K); xsum int32,
+xd float32, xs float32 (M*K/32); acc float32.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import gguf
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils, config
+from numba.core.codegen import get_host_cpu_features
+from numba.extending import intrinsic
+
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F16, F32 = ir.HalfType(), ir.FloatType()
+_T = gguf.GGMLQuantizationType
+
+
+def _vec(ty: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(ty, n)
+
+
+V8I16, V8I32, V8F32 = _vec(I16, 8), _vec(I32, 8), _vec(F32, 8)
+V16I8, V32I8, V32I32 = _vec(I8, 16), _vec(I8, 32), _vec(I32, 32)
+
+
+def have_vnni() -> bool:
+    """256-bit ``vpdpbusd`` (AVX-512 VNNI + VL) available to the code Numba generates."""
+    feats = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    return {"+avx512vnni", "+avx512vl"} <= set(feats.split(","))
+
+
+# ------------------------------------------------------------------------------ IR helpers
+
+def _load(builder, base, off, ty: ir.Type, align: int = 1):
+    """Load ``ty`` at element offset ``off`` of the typed pointer ``base``."""
+    ptr = builder.bitcast(builder.gep(base, [off]), ty.as_pointer())
+    return builder.load(ptr, align=align)
+
+
+def _store(builder, val, base, off, align: int = 1) -> None:
+    ptr = builder.bitcast(builder.gep(base, [off]), val.type.as_pointer())
+    builder.store(val, ptr, align=align)
+
+
+def _shuf(builder, a, b, idx: list[int]):
+    return builder.shuffle_vector(a, b, ir.Constant(_vec(I32, len(idx)), idx))
+
+
+def _splat(builder, s, n: int):
+    v = builder.insert_element(ir.Constant(_vec(s.type, n), None), s, I32(0))
+    return _shuf(builder, v, v, [0] * n)
+
+
+def _i64(v: int):
+    return ir.Constant(I64, v)
+
+
+def _transpose8(builder, rows: list) -> list:
+    """8 x <8 x i32> -> 8 x <8 x i32>, out[c][r] = rows[r][c] (unpack/unpack/permute)."""
+    lo32, hi32 = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    lo64, hi64 = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    lo128, hi128 = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+    a = []
+    for i in range(0, 8, 2):
+        a += [_shuf(builder, rows[i], rows[i + 1], lo32), _shuf(builder, rows[i], rows[i + 1], hi32)]
+    # a[2i] = cols (0,1 | 4,5) of rows 2i, 2i+1; a[2i+1] = cols (2,3 | 6,7)
+    b = []
+    for base in (0, 4):
+        p, q = a[base:base + 2], a[base + 2:base + 4]
+        b += [_shuf(builder, p[0], q[0], lo64), _shuf(builder, p[0], q[0], hi64),
+              _shuf(builder, p[1], q[1], lo64), _shuf(builder, p[1], q[1], hi64)]
+    # b[c'] (c' < 4) = column c' | c'+4 of rows 0-3; b[4 + c'] the same for rows 4-7
+    out = [None] * 8
+    for c in range(4):
+        out[c] = _shuf(builder, b[c], b[4 + c], lo128)
+        out[c + 4] = _shuf(builder, b[c], b[4 + c], hi128)
+    return out
+
+
+def _dpbusd(builder, vnni: bool, acc, u, x):
+    """acc + per-lane sum of 4 products zext(u byte) * sext(x byte); all <8 x i32>."""
+    if vnni:
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(V8I32, [V8I32] * 3), "llvm.x86.avx512.vpdpbusd.256")
+        return builder.call(fn, [acc, u, x])
+    p = builder.mul(builder.zext(builder.bitcast(u, V32I8), V32I32),
+                    builder.sext(builder.bitcast(x, V32I8), V32I32))
+    s = _shuf(builder, p, p, list(range(0, 32, 4)))
+    for i in (1, 2, 3):
+        s = builder.add(s, _shuf(builder, p, p, list(range(i, 32, 4))))
+    return builder.add(acc, s)
+
+
+def _f16x8(builder, wp, offs: list):
+    """Eight fp16 loaded from byte offsets -> <8 x float> (exact, GGML_FP16_TO_FP32)."""
+    v = ir.Constant(V8I16, None)
+    for r, off in enumerate(offs):
+        v = builder.insert_element(v, _load(builder, wp, off, I16), I32(r))
+    return builder.fpext(builder.bitcast(v, _vec(F16, 8)), V8F32)
+
+
+def _f16_pairs_x8(builder, wp, offs: list):
+    """fp16 d and m stored together (block_q4_1 / q5_1 head) -> (<8 x float> d, m)."""
+    v = ir.Constant(V8I32, None)
+    for r, off in enumerate(offs):
+        v = builder.insert_element(v, _load(builder, wp, off, I32), I32(r))
+    halves = [builder.trunc(v, V8I16), builder.trunc(builder.lshr(v, ir.Constant(V8I32, [16] * 8)), V8I16)]
+    return [builder.fpext(builder.bitcast(h, _vec(F16, 8)), V8F32) for h in halves]
+
+
+def _nibble_cols(builder, wp, offs: list):
+    """8 rows x 16 packed bytes -> the 8 transposed code vectors, without unpacking first.
+
+    Byte i of qs holds element i (low nibble) and element 16+i (high nibble), so dword c
+    (c < 4) of qs carries elements 4c..4c+3 low and 16+4c.. high: transposing the 8x4
+    dword matrix and splitting nibbles gives columns c and 4+c directly.
+    """
+    qs = [_load(builder, wp, off, _vec(I32, 4)) for off in offs]
+    y = [_shuf(builder, qs[r], qs[r + 4], list(range(8))) for r in range(4)]  # rows r | r+4
+    lo32, hi32 = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    lo64, hi64 = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    a01 = [_shuf(builder, y[0], y[1], lo32), _shuf(builder, y[0], y[1], hi32)]
+    a23 = [_shuf(builder, y[2], y[3], lo32), _shuf(builder, y[2], y[3], hi32)]
+    t = []
+    for i in range(2):
+        t += [_shuf(builder, a01[i], a23[i], lo64), _shuf(builder, a01[i], a23[i], hi64)]
+    mask = ir.Constant(V8I32, [0x0F0F0F0F] * 8)
+    four = ir.Constant(V8I32, [4] * 8)
+    return [builder.and_(c, mask) for c in t] + [builder.and_(builder.lshr(c, four), mask) for c in t]
+
+
+def _nibbles(builder, qs):
+    """16 packed bytes -> 32 codes: low nibbles are elements 0-15, high 16-31."""
+    lo = builder.and_(qs, ir.Constant(V16I8, [15] * 16))
+    hi = builder.lshr(qs, ir.Constant(V16I8, [4] * 16))
+    return _shuf(builder, lo, hi, list(range(32)))
+
+
+def _fifth_bits(builder, qh):
+    """i32 qh -> <32 x i8> with 16 where bit j of qh is set (element j's 5th bit)."""
+    bits = builder.bitcast(qh, _vec(I1, 32))
+    return builder.shl(builder.zext(bits, V32I8), ir.Constant(V32I8, [4] * 32))
+
+
+def _row_cols(builder, codes: list) -> list:
+    """8 rows of 32 codes (<32 x i8>) -> 8 column vectors (4-byte group c of every row)."""
+    return _transpose8(builder, [builder.bitcast(c, V8I32) for c in codes])
+
+
+class Decoded(NamedTuple):
+    cols: list        # 8 x <8 x i32>: lane r of cols[c] = codes 4c..4c+3 of row r (uint8 u)
+    off: int          # w = u - off (0 for the _1 formats)
+    d: object         # <8 x float> weight scales
+    m: object | None  # <8 x float> weight mins (_1 formats) or None
+
+
+# ----------------------------------------------------- per-format block decoders (8 rows)
+# ``o[r]`` is the byte offset of the block in row r; layouts from ggml-common.h.
+
+def _plus(builder, offs: list, k: int) -> list:
+    return [builder.add(o, _i64(k)) for o in offs]
+
+
+def _dec_q4_0(builder, wp, o) -> Decoded:
+    """block_q4_0: fp16 d | 16 B qs.  matches dequantize_row_q4_0."""
+    return Decoded(_nibble_cols(builder, wp, _plus(builder, o, 2)), 8, _f16x8(builder, wp, o), None)
+
+
+def _dec_q4_1(builder, wp, o) -> Decoded:
+    """block_q4_1: fp16 d | fp16 m | 16 B qs.  matches dequantize_row_q4_1."""
+    d, m = _f16_pairs_x8(builder, wp, o)
+    return Decoded(_nibble_cols(builder, wp, _plus(builder, o, 4)), 0, d, m)
+
+
+def _q5_codes(builder, wp, x, qh_at: int):
+    qh = _load(builder, wp, builder.add(x, _i64(qh_at)), I32)
+    low = _nibbles(builder, _load(builder, wp, builder.add(x, _i64(qh_at + 4)), V16I8))
+    return builder.or_(low, _fifth_bits(builder, qh))
+
+
+def _dec_q5_0(builder, wp, o) -> Decoded:
+    """block_q5_0: fp16 d | u32 qh | 16 B qs.  matches dequantize_row_q5_0."""
+    codes = [_q5_codes(builder, wp, x, 2) for x in o]
+    return Decoded(_row_cols(builder, codes), 16, _f16x8(builder, wp, o), None)
+
+
+def _dec_q5_1(builder, wp, o) -> Decoded:
+    """block_q5_1: fp16 d | fp16 m | u32 qh | 16 B qs.  matches dequantize_row_q5_1."""
+    codes = [_q5_codes(builder, wp, x, 4) for x in o]
+    d, m = _f16_pairs_x8(builder, wp, o)
+    return Decoded(_row_cols(builder, codes), 0, d, m)
+
+
+def _dec_q8_0(builder, wp, o) -> Decoded:
+    """block_q8_0: fp16 d | 32 x int8.  u = w xor 0x80 = w + 128 as uint8."""
+    flip = ir.Constant(V32I8, [-128] * 32)
+    codes = [builder.xor(_load(builder, wp, x, V32I8), flip) for x in _plus(builder, o, 2)]
+    return Decoded(_row_cols(builder, codes), 128, _f16x8(builder, wp, o), None)
+
+
+# qtype -> (decoder, bytes per block of 32)
+DECODERS: dict[int, tuple[Callable, int]] = {
+    int(_T.Q4_0): (_dec_q4_0, 18), int(_T.Q4_1): (_dec_q4_1, 20),
+    int(_T.Q5_0): (_dec_q5_0, 22), int(_T.Q5_1): (_dec_q5_1, 24),
+    int(_T.Q8_0): (_dec_q8_0, 34),
+}
+
+
+# ------------------------------------------------------------------------------ the tile
+
+PREFETCH_TILES = 1  # how many tiles ahead _prefetch_ahead requests (2 and 4 were slower)
+
+def _prefetch_ahead(builder, wp, row0, rs, b, block_bytes: int) -> None:
+    """Prefetch slice b of the tile ``PREFETCH_TILES`` ahead, in address order.
+
+    The tile loop visits its 8 rows interleaved (row stride apart), a pattern the hardware
+    prefetchers follow poorly (about a third of the streaming bandwidth).  Call b of the
+    tile touches bytes [b*8*bb, (b+1)*8*bb) of the region of a later tile, so over the K/32
+    calls that region (8 rows = 8*nb*bb bytes) is requested line by line, in order.
+    """
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
+        "llvm.prefetch.p0")
+    span = 8 * block_bytes
+    start = builder.add(builder.add(row0, builder.mul(rs, _i64(8 * PREFETCH_TILES))),
+                        builder.mul(b, _i64(span)))
+    for line in range((span + 63) // 64):
+        ptr = builder.gep(wp, [builder.add(start, _i64(64 * line))])
+        builder.call(fn, [ptr, I32(0), I32(3), I32(1)])
+
+
+def _emit_tile(builder, dec: Decoded, vnni: bool, ptrs, ints) -> None:
+    xq_p, xsum_p, xd_p, xs_p, acc_p = ptrs
+    b, k, nb, m0, m1, acc0, acc_ms = ints
+    cols = dec.cols
+    xoff = builder.mul(b, _i64(32))
+    zero = ir.Constant(V8I32, None)
+    with cgutils.for_range(builder, m1, start=m0) as loop:
+        m = loop.index
+        xw = _load(builder, xq_p, builder.add(builder.mul(m, k), xoff), V8I32)
+        # two independent accumulation chains (exact ints, so grouping is free)
+        s0, s1 = zero, zero
+        for c in range(0, 8, 2):
+            s0 = _dpbusd(builder, vnni, s0, cols[c], _splat(builder, builder.extract_element(xw, I32(c)), 8))
+            s1 = _dpbusd(builder, vnni, s1, cols[c + 1],
+                         _splat(builder, builder.extract_element(xw, I32(c + 1)), 8))
+        isum = builder.add(s0, s1)
+        mb = builder.add(builder.mul(m, nb), b)
+        if dec.off:
+            corr = builder.mul(_load(builder, xsum_p, mb, I32, 4), I32(dec.off))
+            isum = builder.sub(isum, _splat(builder, corr, 8))
+        dd = builder.fmul(dec.d, _splat(builder, _load(builder, xd_p, mb, F32, 4), 8))
+        t = builder.fmul(dd, builder.sitofp(isum, V8F32))
+        if dec.m is not None:
+            t = builder.fadd(t, builder.fmul(dec.m, _splat(builder, _load(builder, xs_p, mb, F32, 4), 8)))
+        aoff = builder.add(acc0, builder.mul(m, acc_ms))
+        _store(builder, builder.fadd(_load(builder, acc_p, aoff, V8F32, 4), t), acc_p, aoff, 4)
+
+
+def make_tile(qtype: int, vnni: bool | None = None):
+    """Build the tile intrinsic for ``qtype`` (``vnni=None``: use it when the CPU has it)."""
+    decoder, block_bytes = DECODERS[qtype]
+    use_vnni = have_vnni() if vnni is None else vnni
+
+    @intrinsic
+    def tile(typingctx, w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms):
+        sig = types.void(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+
+        def codegen(context, builder, signature, args):
+            def data(i):
+                return context.make_array(signature.args[i])(context, builder, args[i]).data
+
+            def as_i64(i):
+                return context.cast(builder, args[i], signature.args[i], types.int64)
+
+            wp = data(0)
+            row0_, rs_, b_ = as_i64(1), as_i64(2), as_i64(3)
+            blk = builder.add(row0_, builder.mul(b_, _i64(block_bytes)))
+            offs = [builder.add(blk, builder.mul(rs_, _i64(r))) for r in range(8)]
+            _prefetch_ahead(builder, wp, row0_, rs_, b_, block_bytes)
+            dec = decoder(builder, wp, offs)
+            ptrs = (data(4), data(5), data(6), data(7), data(12))
+            ints = (b_, as_i64(8), as_i64(9), as_i64(10), as_i64(11), as_i64(13), as_i64(14))
+            _emit_tile(builder, dec, use_vnni, ptrs, ints)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+TILE = {qt: make_tile(qt) for qt in DECODERS}
