@@ -50,3 +50,93 @@ def weight_bytes_per_token(model) -> int:
 def roofline(out_dir: Path) -> dict | None:
     p = Path(out_dir) / "bandwidth.json"
     return json.loads(p.read_text()) if p.exists() else None
+
+
+# ---- speculative decoding benchmarks (drafters.py, speculative.py) ---------------------------
+
+QWEN_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+QWEN_DRAFT = "qwen2.5-coder-0.5b-instruct"
+PROMPTS_DIR = Path(__file__).parent / "prompts"
+
+
+def load_prompts(name: str, limit: int | None = None) -> list[dict]:
+    """Records {id, kind, prompt} of benchmarks/prompts/<name>.jsonl, the first `limit` of them."""
+    rows = [json.loads(line) for line in (PROMPTS_DIR / f"{name}.jsonl").read_text().splitlines()
+            if line.strip()]
+    return rows[:limit] if limit else rows
+
+
+def warm_up(*models) -> float:
+    """Compile (or load from the Numba cache) every kernel path a speculative run takes:
+    batched prefill, one-row decode, and the few-row verify passes.  Returns seconds."""
+    import time
+    t = time.perf_counter()
+    for m in models:
+        s = m.session(32)
+        s.eval([1, 2, 3, 4, 5, 6, 7, 8])
+        s.eval([9])
+        s.eval([10, 11, 12])
+    return time.perf_counter() - t
+
+
+def forward_ms(model, n_rows: int, n_past: int = 128, repeats: int = 5) -> float:
+    """Median milliseconds of one forward pass over n_rows tokens after n_past cached ones."""
+    import time
+    import numpy as np
+    s = model.session(n_past + n_rows + 1)
+    s.eval([(17 * i) % 1000 + 100 for i in range(n_past)], last_only=True)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        s.eval([(31 * i) % 1000 + 100 for i in range(n_rows)])
+        times.append(time.perf_counter() - t)
+        s.truncate(n_past)
+    return float(np.median(times) * 1e3)
+
+
+def completion_row(out) -> dict:
+    """The numbers a benchmark keeps of one Completion (speculative stats when present)."""
+    t = out.timings
+    row = {"n_tokens": len(out.ids), "decode_s": round(t.decode_s, 4), "prompt_s": round(t.prompt_s, 4),
+           "tok_s": round(t.tokens_per_s, 3), "n_prompt": len(out.prompt_ids), "stop": out.stop_reason}
+    s = out.stats
+    if s is not None:
+        row.update(n_steps=s.n_steps, n_drafted=s.n_drafted, n_accepted=s.n_accepted,
+                   n_verified=s.n_verified, acceptance=round(s.acceptance_rate, 4),
+                   tokens_per_step=round(s.tokens_per_step, 3), mean_draft_n=round(s.mean_draft_n, 3),
+                   predicted_acceptance=round(s.predicted_acceptance, 4),
+                   measured_acceptance=round(s.measured_acceptance, 4),
+                   draft_s=round(s.draft_s, 4), verify_s=round(s.verify_s, 4),
+                   by_drafter={k: {f: (round(v, 4) if isinstance(v, float) else v)
+                                   for f, v in vars(d).items()} for k, d in (s.by_drafter or {}).items()})
+    return row
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """Pooled over runs: tokens / decode seconds, and count-weighted acceptance figures."""
+    n_tok = sum(r["n_tokens"] for r in rows)
+    dec = sum(r["decode_s"] for r in rows)
+    out = {"n_runs": len(rows), "n_tokens": n_tok, "decode_s": round(dec, 3),
+           "tok_s": round(n_tok / dec, 3) if dec else 0.0}
+    if rows and "n_steps" in rows[0]:
+        tot = {k: sum(r[k] for r in rows) for k in ("n_steps", "n_drafted", "n_accepted", "n_verified")}
+        pred = sum(r["predicted_acceptance"] * r["n_verified"] for r in rows)
+        out.update(tot, acceptance=round(tot["n_accepted"] / tot["n_drafted"], 4) if tot["n_drafted"] else 0.0,
+                   tokens_per_step=round(n_tok / tot["n_steps"], 3) if tot["n_steps"] else 0.0,
+                   predicted_acceptance=round(pred / tot["n_verified"], 4) if tot["n_verified"] else 0.0,
+                   measured_acceptance=round(tot["n_accepted"] / tot["n_verified"], 4) if tot["n_verified"] else 0.0,
+                   draft_s=round(sum(r["draft_s"] for r in rows), 3),
+                   verify_s=round(sum(r["verify_s"] for r in rows), 3))
+        by: dict = {}
+        for r in rows:
+            for k, d in r["by_drafter"].items():
+                b = by.setdefault(k, {"n_steps": 0, "n_drafted": 0, "n_verified": 0, "n_accepted": 0, "pred": 0.0})
+                for f in ("n_steps", "n_drafted", "n_verified", "n_accepted"):
+                    b[f] += d[f]
+                b["pred"] += d["predicted_acceptance"] * d["n_verified"]
+        out["by_drafter"] = {k: {"n_steps": b["n_steps"], "n_drafted": b["n_drafted"],
+                                 "n_accepted": b["n_accepted"],
+                                 "predicted_acceptance": round(b["pred"] / b["n_verified"], 4) if b["n_verified"] else 0.0,
+                                 "measured_acceptance": round(b["n_accepted"] / b["n_verified"], 4) if b["n_verified"] else 0.0}
+                             for k, b in by.items()}
+    return out

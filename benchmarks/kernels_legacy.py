@@ -38,7 +38,7 @@ SCALE_FIELDS = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8
 
 
 def random_weights(qtype, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Raw GGUF layout: uint8 (n, row_bytes) with fp16 scales in [1e-3, 1e-2]; F16 float16 (n, k)."""
+    """Raw GGUF layout: uint8 (n, row_bytes), fp16 scales in [1e-3, 1e-2]; F16: float16 (n, k)."""
     if qtype == T.F16:
         return rng.standard_normal((n, k)).astype(np.float16)
     bb = legacy.BLOCK_BYTES[int(qtype)]

@@ -271,31 +271,44 @@ DECODERS: dict[int, tuple[Callable, int]] = {   # qtype -> (decoder, block bytes
 
 # --------------------------------------------------------------------------- intrinsics
 
-def _emit_rows(builder, dec: Decoded, vnni: bool, xq_p, xd_p, xbs_p, acc_p, M, K, b):
-    """The loop over the M activation rows for one decoded super-block."""
-    u8 = [builder.bitcast(v, V64I8) for v in dec.u]
-    nblk = builder.sdiv(K, I64(QK_K))
-    with cgutils.for_range(builder, M) as loop:
-        m = loop.index
-        xrow = builder.add(builder.mul(m, K), builder.mul(b, I64(QK_K)))   # byte offset in xq
-        bs_idx = builder.add(builder.mul(m, builder.sdiv(K, I64(16))), builder.mul(b, I64(16)))
-        bs = builder.load(builder.gep(xbs_p, [bs_idx], source_etype=I32), typ=V16I32, align=4)
-        # offset codes: start the dot at −off·bsum (the ggml AVX2 paths' q8sums trick)
-        dot = builder.sub(_splat_i32(0), builder.mul(bs, _splat_i32(dec.off))) if dec.off else _splat_i32(0)
-        for k in range(4):
-            xv = builder.load(builder.gep(xq_p, [builder.add(xrow, I64(64 * k))], source_etype=I8),
-                              typ=V64I8, align=1)
-            dot = _dpbusd(builder, vnni, dot, u8[k], xv)
-        dx = builder.load(builder.gep(xd_p, [builder.add(builder.mul(m, nblk), b)], source_etype=F32))
-        a_ptr = builder.bitcast(builder.gep(acc_p, [builder.mul(m, I64(16))], source_etype=F32),
-                                V16F32.as_pointer())
-        acc = builder.load(a_ptr, align=4)
-        acc = _fma(builder, builder.sitofp(builder.mul(dot, dec.sc), V16F32),
-                   _splat_f32(builder, builder.fmul(dec.d, dx)), acc)
-        if dec.dmin is not None:    # − dmin·dx · Σ mn·bsum (ggml_vec_dot_q4_K_q8_K's mins)
-            mdx = _splat_f32(builder, builder.fneg(builder.fmul(dec.dmin, dx)))
-            acc = _fma(builder, builder.sitofp(builder.mul(bs, dec.mn), V16F32), mdx, acc)
-        builder.store(acc, a_ptr, align=4)
+def _emit_update(builder, dec: Decoded, u8, vnni: bool, xq_p, xd_p, xbs_p, m, K, b, acc):
+    """acc (<16 x float>) + the contribution of decoded block b to activation row m."""
+    xrow = builder.add(builder.mul(m, K), builder.mul(b, I64(QK_K)))         # byte offset in xq
+    bs_idx = builder.add(builder.mul(m, builder.sdiv(K, I64(16))), builder.mul(b, I64(16)))
+    bs = builder.load(builder.gep(xbs_p, [bs_idx], source_etype=I32), typ=V16I32, align=4)
+    # offset codes: start the dot at −off·bsum (the ggml AVX2 paths' q8sums trick)
+    dot = builder.sub(_splat_i32(0), builder.mul(bs, _splat_i32(dec.off))) if dec.off else _splat_i32(0)
+    for k in range(4):
+        xv = builder.load(builder.gep(xq_p, [builder.add(xrow, I64(64 * k))], source_etype=I8),
+                          typ=V64I8, align=1)
+        dot = _dpbusd(builder, vnni, dot, u8[k], xv)
+    dx_idx = builder.add(builder.mul(m, builder.sdiv(K, I64(QK_K))), b)
+    dx = builder.load(builder.gep(xd_p, [dx_idx], source_etype=F32))
+    acc = _fma(builder, builder.sitofp(builder.mul(dot, dec.sc), V16F32),
+               _splat_f32(builder, builder.fmul(dec.d, dx)), acc)
+    if dec.dmin is not None:        # − dmin·dx · Σ mn·bsum (ggml_vec_dot_q4_K_q8_K's mins)
+        mdx = _splat_f32(builder, builder.fneg(builder.fmul(dec.dmin, dx)))
+        acc = _fma(builder, builder.sitofp(builder.mul(bs, dec.mn), V16F32), mdx, acc)
+    return acc
+
+
+def _lane_sum(builder, v):
+    """Σ of the 16 lanes in a fixed pairwise order: (l, l+8), (l, l+4), (l, l+2), (l, l+1)."""
+    for half in (8, 4, 2, 1):
+        v = builder.fadd(_shuffle(builder, v, range(half)), _shuffle(builder, v, range(half, 2 * half)))
+    return builder.extract_element(v, I32(0))
+
+
+def _arrays(context, builder, signature, args):
+    """Array structs of the array arguments (None for the others)."""
+    return [context.make_array(t)(context, builder, value=v) if isinstance(t, types.Array) else None
+            for t, v in zip(signature.args, args)]
+
+
+def _block_ptr(context, builder, wa, n, b, block_bytes: int):
+    row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
+    off = builder.add(builder.mul(n, row_bytes), builder.mul(b, I64(block_bytes)))
+    return builder.gep(wa.data, [off], source_etype=I8)
 
 
 def make_block_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None):
@@ -311,17 +324,18 @@ def make_block_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
         sig = types.void(w, n, b, xq, xd, xbs, acc, c)
 
         def codegen(context, builder, signature, args):
-            tys = signature.args
-            wa, _, _, xqa, xda, xbsa, acca, _ = (
-                context.make_array(t)(context, builder, value=v) if isinstance(t, types.Array) else None
-                for t, v in zip(tys, args))
-            n_, b_, c_ = (context.cast(builder, args[i], tys[i], types.int64) for i in (1, 2, 7))
+            wa, _, _, xqa, xda, xbsa, acca, _ = _arrays(context, builder, signature, args)
+            n_, b_, c_ = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2, 7))
             M, K = cgutils.unpack_tuple(builder, xqa.shape, 2)
-            row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
-            off = builder.add(builder.mul(n_, row_bytes), builder.mul(b_, I64(block_bytes)))
-            dec = decoder(builder, builder.gep(wa.data, [off], source_etype=I8), f16c)
+            dec = decoder(builder, _block_ptr(context, builder, wa, n_, b_, block_bytes), f16c)
+            u8 = [builder.bitcast(v, V64I8) for v in dec.u]
             acc_p = builder.gep(acca.data, [builder.mul(c_, builder.mul(M, I64(16)))], source_etype=F32)
-            _emit_rows(builder, dec, vnni, xqa.data, xda.data, xbsa.data, acc_p, M, K, b_)
+            with cgutils.for_range(builder, M) as loop:           # decoded once, used M times
+                a_ptr = builder.bitcast(builder.gep(acc_p, [builder.mul(loop.index, I64(16))],
+                                                    source_etype=F32), V16F32.as_pointer())
+                acc = _emit_update(builder, dec, u8, vnni, xqa.data, xda.data, xbsa.data,
+                                   loop.index, K, b_, builder.load(a_ptr, align=4))
+                builder.store(acc, a_ptr, align=4)
             return context.get_dummy_value()
         return sig, codegen
 
@@ -329,10 +343,48 @@ def make_block_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
     return intrinsic(kernel)
 
 
+def make_row_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None):
+    """-> intrinsic ``kernel(w, n, xq, xd, xbs) -> float32``: dot of weight row ``n`` with
+    the single activation row of xq (M = 1), the lanes kept in registers across the
+    super-blocks.  The same operations in the same order as make_block_kernel + lane_sum."""
+    decoder, block_bytes = DECODERS[qtype]
+    vnni = have_vnni() if vnni is None else vnni
+    f16c = have_f16c() if f16c is None else f16c
+
+    def kernel(typingctx, w, n, xq, xd, xbs):
+        sig = types.float32(w, n, xq, xd, xbs)
+
+        def codegen(context, builder, signature, args):
+            wa, _, xqa, xda, xbsa = _arrays(context, builder, signature, args)
+            n_ = context.cast(builder, args[1], signature.args[1], types.int64)
+            K = cgutils.unpack_tuple(builder, xqa.shape, 2)[1]
+            entry = builder.basic_block
+            head, body, done = (builder.append_basic_block(s) for s in ("blk.head", "blk.body", "blk.done"))
+            builder.branch(head)
+            with builder.goto_block(head):
+                b = builder.phi(I64, name="b")
+                acc = builder.phi(V16F32, name="acc")
+                b.add_incoming(I64(0), entry)
+                acc.add_incoming(ir.Constant(V16F32, 0.0), entry)
+                builder.cbranch(builder.icmp_signed("<", b, builder.sdiv(K, I64(QK_K))), body, done)
+            with builder.goto_block(body):
+                dec = decoder(builder, _block_ptr(context, builder, wa, n_, b, block_bytes), f16c)
+                u8 = [builder.bitcast(v, V64I8) for v in dec.u]
+                new = _emit_update(builder, dec, u8, vnni, xqa.data, xda.data, xbsa.data, I64(0), K, b, acc)
+                b.add_incoming(builder.add(b, I64(1)), builder.basic_block)
+                acc.add_incoming(new, builder.basic_block)
+                builder.branch(head)
+            builder.position_at_end(done)
+            return _lane_sum(builder, acc)
+        return sig, codegen
+
+    kernel.__name__ = f"row_{_T(qtype).name.lower()}"
+    return intrinsic(kernel)
+
+
 @intrinsic
 def lane_sum(typingctx, acc, c, m):
-    """Σ acc[c, m, :] (float32 (n_chunks, M, 16)) in a fixed pairwise order: lanes
-    (l, l+8), then (l, l+4), (l, l+2), (l, l+1) — the same whatever M is."""
+    """Σ acc[c, m, :] (float32 (n_chunks, M, 16)) in the fixed order of _lane_sum."""
     sig = types.float32(acc, c, m)
 
     def codegen(context, builder, signature, args):
@@ -340,10 +392,8 @@ def lane_sum(typingctx, acc, c, m):
         c_, m_ = (context.cast(builder, v, t, types.int64) for v, t in zip(args[1:], signature.args[1:]))
         M = cgutils.unpack_tuple(builder, acca.shape, 3)[1]
         idx = builder.mul(builder.add(builder.mul(c_, M), m_), I64(16))
-        v = builder.load(builder.gep(acca.data, [idx], source_etype=F32), typ=V16F32, align=4)
-        for half in (8, 4, 2, 1):
-            v = builder.fadd(_shuffle(builder, v, range(half)), _shuffle(builder, v, range(half, 2 * half)))
-        return builder.extract_element(v, I32(0))
+        return _lane_sum(builder, builder.load(builder.gep(acca.data, [idx], source_etype=F32),
+                                               typ=V16F32, align=4))
     return sig, codegen
 
 
@@ -368,91 +418,118 @@ def make_load_f16(f16c: bool | None = None):
 
 
 BLOCK_KERNELS = {qt: make_block_kernel(qt) for qt in DECODERS}
+ROW_KERNELS = {qt: make_row_kernel(qt) for qt in DECODERS}
 load_f16 = make_load_f16()
 
-_block_q2_k = BLOCK_KERNELS[int(_T.Q2_K)]
-_block_q3_k = BLOCK_KERNELS[int(_T.Q3_K)]
-_block_q4_k = BLOCK_KERNELS[int(_T.Q4_K)]
-_block_q5_k = BLOCK_KERNELS[int(_T.Q5_K)]
-_block_q6_k = BLOCK_KERNELS[int(_T.Q6_K)]
+_block_q2_k, _row_q2_k = BLOCK_KERNELS[int(_T.Q2_K)], ROW_KERNELS[int(_T.Q2_K)]
+_block_q3_k, _row_q3_k = BLOCK_KERNELS[int(_T.Q3_K)], ROW_KERNELS[int(_T.Q3_K)]
+_block_q4_k, _row_q4_k = BLOCK_KERNELS[int(_T.Q4_K)], ROW_KERNELS[int(_T.Q4_K)]
+_block_q5_k, _row_q5_k = BLOCK_KERNELS[int(_T.Q5_K)], ROW_KERNELS[int(_T.Q5_K)]
+_block_q6_k, _row_q6_k = BLOCK_KERNELS[int(_T.Q6_K)], ROW_KERNELS[int(_T.Q6_K)]
 
 
 # ------------------------------------------------------------------------------ drivers
-# matmul_<fmt>(w, xq, xd, xbs, out, acc): out (M, N) = W · xᵀ from Q8_K activations;
+# matmul_<fmt>(w, xq, xd, xbs, out, acc): out (M, N) = x · Wᵀ from Q8_K activations;
 # acc: float32 (n_chunks, M, 16) scratch.  prange over n_chunks contiguous chunks of
-# output rows; row n's lanes acc[c] gather its super-blocks in order, then lane_sum folds
-# them into out[:, n].  One driver per format: Numba caches a function per definition, so
-# the block kernel is a global constant, not an argument.  (They live in this file so that
-# an edit of the intrinsics above invalidates their cache.)
+# output rows.  M = 1: the row kernel.  M > 1: row n's lanes acc[c] gather its super-blocks
+# in order, each decoded once for all M rows, then lane_sum folds them into out[:, n] —
+# the same float operations as the row kernel.  One driver per format: Numba caches a
+# function per definition, so the kernels are global constants, not arguments.  (They live
+# in this file so that an edit of the intrinsics above invalidates their cache.)
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q2_k(w, xq, xd, xbs, out, acc):
-    n_rows, n_chunks = out.shape[1], acc.shape[0]
+    n_rows, n_chunks, n_blocks = out.shape[1], acc.shape[0], xq.shape[1] // QK_K
     for c in prange(n_chunks):
-        for n in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
-            for m in range(acc.shape[1]):
-                for lane in range(16):
-                    acc[c, m, lane] = 0.0
-            for b in range(xq.shape[1] // QK_K):
-                _block_q2_k(w, n, b, xq, xd, xbs, acc, c)
-            for m in range(out.shape[0]):
-                out[m, n] = lane_sum(acc, c, m)
+        lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
+        if out.shape[0] == 1:
+            for n in range(lo, hi):
+                out[0, n] = _row_q2_k(w, n, xq, xd, xbs)
+        else:
+            for n in range(lo, hi):
+                for m in range(out.shape[0]):
+                    for lane in range(16):
+                        acc[c, m, lane] = 0.0
+                for b in range(n_blocks):
+                    _block_q2_k(w, n, b, xq, xd, xbs, acc, c)
+                for m in range(out.shape[0]):
+                    out[m, n] = lane_sum(acc, c, m)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q3_k(w, xq, xd, xbs, out, acc):
-    n_rows, n_chunks = out.shape[1], acc.shape[0]
+    n_rows, n_chunks, n_blocks = out.shape[1], acc.shape[0], xq.shape[1] // QK_K
     for c in prange(n_chunks):
-        for n in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
-            for m in range(acc.shape[1]):
-                for lane in range(16):
-                    acc[c, m, lane] = 0.0
-            for b in range(xq.shape[1] // QK_K):
-                _block_q3_k(w, n, b, xq, xd, xbs, acc, c)
-            for m in range(out.shape[0]):
-                out[m, n] = lane_sum(acc, c, m)
+        lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
+        if out.shape[0] == 1:
+            for n in range(lo, hi):
+                out[0, n] = _row_q3_k(w, n, xq, xd, xbs)
+        else:
+            for n in range(lo, hi):
+                for m in range(out.shape[0]):
+                    for lane in range(16):
+                        acc[c, m, lane] = 0.0
+                for b in range(n_blocks):
+                    _block_q3_k(w, n, b, xq, xd, xbs, acc, c)
+                for m in range(out.shape[0]):
+                    out[m, n] = lane_sum(acc, c, m)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q4_k(w, xq, xd, xbs, out, acc):
-    n_rows, n_chunks = out.shape[1], acc.shape[0]
+    n_rows, n_chunks, n_blocks = out.shape[1], acc.shape[0], xq.shape[1] // QK_K
     for c in prange(n_chunks):
-        for n in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
-            for m in range(acc.shape[1]):
-                for lane in range(16):
-                    acc[c, m, lane] = 0.0
-            for b in range(xq.shape[1] // QK_K):
-                _block_q4_k(w, n, b, xq, xd, xbs, acc, c)
-            for m in range(out.shape[0]):
-                out[m, n] = lane_sum(acc, c, m)
+        lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
+        if out.shape[0] == 1:
+            for n in range(lo, hi):
+                out[0, n] = _row_q4_k(w, n, xq, xd, xbs)
+        else:
+            for n in range(lo, hi):
+                for m in range(out.shape[0]):
+                    for lane in range(16):
+                        acc[c, m, lane] = 0.0
+                for b in range(n_blocks):
+                    _block_q4_k(w, n, b, xq, xd, xbs, acc, c)
+                for m in range(out.shape[0]):
+                    out[m, n] = lane_sum(acc, c, m)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q5_k(w, xq, xd, xbs, out, acc):
-    n_rows, n_chunks = out.shape[1], acc.shape[0]
+    n_rows, n_chunks, n_blocks = out.shape[1], acc.shape[0], xq.shape[1] // QK_K
     for c in prange(n_chunks):
-        for n in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
-            for m in range(acc.shape[1]):
-                for lane in range(16):
-                    acc[c, m, lane] = 0.0
-            for b in range(xq.shape[1] // QK_K):
-                _block_q5_k(w, n, b, xq, xd, xbs, acc, c)
-            for m in range(out.shape[0]):
-                out[m, n] = lane_sum(acc, c, m)
+        lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
+        if out.shape[0] == 1:
+            for n in range(lo, hi):
+                out[0, n] = _row_q5_k(w, n, xq, xd, xbs)
+        else:
+            for n in range(lo, hi):
+                for m in range(out.shape[0]):
+                    for lane in range(16):
+                        acc[c, m, lane] = 0.0
+                for b in range(n_blocks):
+                    _block_q5_k(w, n, b, xq, xd, xbs, acc, c)
+                for m in range(out.shape[0]):
+                    out[m, n] = lane_sum(acc, c, m)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q6_k(w, xq, xd, xbs, out, acc):
-    n_rows, n_chunks = out.shape[1], acc.shape[0]
+    n_rows, n_chunks, n_blocks = out.shape[1], acc.shape[0], xq.shape[1] // QK_K
     for c in prange(n_chunks):
-        for n in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
-            for m in range(acc.shape[1]):
-                for lane in range(16):
-                    acc[c, m, lane] = 0.0
-            for b in range(xq.shape[1] // QK_K):
-                _block_q6_k(w, n, b, xq, xd, xbs, acc, c)
-            for m in range(out.shape[0]):
-                out[m, n] = lane_sum(acc, c, m)
+        lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
+        if out.shape[0] == 1:
+            for n in range(lo, hi):
+                out[0, n] = _row_q6_k(w, n, xq, xd, xbs)
+        else:
+            for n in range(lo, hi):
+                for m in range(out.shape[0]):
+                    for lane in range(16):
+                        acc[c, m, lane] = 0.0
+                for b in range(n_blocks):
+                    _block_q6_k(w, n, b, xq, xd, xbs, acc, c)
+                for m in range(out.shape[0]):
+                    out[m, n] = lane_sum(acc, c, m)
 
 
 MATMUL_Q8K = {int(_T.Q2_K): matmul_q2_k, int(_T.Q3_K): matmul_q3_k, int(_T.Q4_K): matmul_q4_k,

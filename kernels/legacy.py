@@ -10,9 +10,9 @@ dequantized copy of W.
   8 rows; a tile's blocks are decoded once per chunk of up to ``M_CHUNK`` activation
   rows, so verifying M drafted tokens reads the weights once.
 * F32 / F16 / BF16: the weight row is widened to float32 once (exact) and dotted with the
-  float32 x using 8 interleaved float32 partial sums (lane j takes k = j mod 8) that are
-  combined as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)), then the K mod 8 tail in order.
-  ggml instead rounds x to fp16 / bf16 first; keeping x in float32 is more accurate.
+  float32 x using 32 interleaved float32 partial sums combined in a fixed tree
+  (legacy_ir.dot32_lanes), then the K mod 32 tail in order.  ggml instead rounds x to
+  fp16 / bf16 first; keeping x in float32 is more accurate.
 
 Row independence: every float operation that produces out[m, n] depends only on x[m]
 and W[n] and happens in the same order for any M, any tiling and any thread count, so
@@ -30,7 +30,7 @@ import gguf
 import numpy as np
 from numba import njit, prange
 
-from .legacy_ir import DECODERS, TILE
+from .legacy_ir import DECODERS, TILE, dot32_lanes
 from .q8_act import QK8, half_bits_to_f32, quantize_q8_rows
 
 _T = gguf.GGMLQuantizationType
@@ -134,23 +134,13 @@ def _widen_row(kind, w, n, buf, bits):
 
 
 @njit(cache=True, nogil=True)
-def _dot8(a, x, m):
-    """dot(a, x[m]) in float32: 8 interleaved partial sums, fixed combination order."""
-    k = a.shape[0]
-    k8 = k - k % 8
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
-    for i in range(0, k8, 8):
-        s0 += a[i] * x[m, i]
-        s1 += a[i + 1] * x[m, i + 1]
-        s2 += a[i + 2] * x[m, i + 2]
-        s3 += a[i + 3] * x[m, i + 3]
-        s4 += a[i + 4] * x[m, i + 4]
-        s5 += a[i + 5] * x[m, i + 5]
-        s6 += a[i + 6] * x[m, i + 6]
-        s7 += a[i + 7] * x[m, i + 7]
-    total = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-    for i in range(k8, k):
-        total += a[i] * x[m, i]
+def _dot_f32(a, xf, m, k):
+    """dot(a (K,), x[m]) in float32, x flat (M*K,): legacy_ir.dot32_lanes on the first
+    32*(K//32) values, then the K mod 32 tail added in order."""
+    k32 = k - k % 32
+    total = dot32_lanes(a, 0, xf, m * k, k // 32)
+    for i in range(k32, k):
+        total += a[i] * xf[m * k + i]
     return total
 
 
@@ -159,6 +149,7 @@ def _matmul_float(kind, w, x, out):
     """out (M, N) = W · xᵀ; w raw bits (N, K): uint32 for F32, uint16 for F16 / BF16."""
     n = w.shape[0]
     m_rows, k = x.shape
+    xf = x.reshape(-1)
     n_chunks = min(n, 64)
     for c in prange(n_chunks):
         bits = np.empty(k, np.uint32)
@@ -166,7 +157,7 @@ def _matmul_float(kind, w, x, out):
         for row in range(c * n // n_chunks, (c + 1) * n // n_chunks):
             _widen_row(kind, w, row, buf, bits)
             for m in range(m_rows):
-                out[m, row] = _dot8(buf, x, m)
+                out[m, row] = _dot_f32(buf, xf, m, k)
 
 
 # --------------------------------------------------------------------------- row lookup
@@ -190,15 +181,16 @@ def _dequant_block(qtype, row, o, dst, base):
         qh = np.uint32(0)
     else:
         qa = o + 2 if qtype == Q5_0 else o + 4
-        qh = (np.uint32(row[qa]) | (np.uint32(row[qa + 1]) << np.uint32(8))
-              | (np.uint32(row[qa + 2]) << np.uint32(16)) | (np.uint32(row[qa + 3]) << np.uint32(24)))
+        qh = np.uint32(0)
+        for i in range(4):  # little-endian u32
+            qh |= np.uint32(row[qa + i]) << np.uint32(8 * i)
         qs = qa + 4
     off = 8 if qtype == Q4_0 else 16 if qtype == Q5_0 else 0
+    mn = _f16_at(row, o + 2)  # the min of the _1 formats (unused otherwise)
     for j in range(QK8 // 2):
-        lo = np.int32(row[qs + j] & 15) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))
-        hi = np.int32(row[qs + j] >> 4) | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))
+        lo = np.int32(row[qs + j] & 15) | (np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4)
+        hi = np.int32(row[qs + j] >> 4) | (np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4)
         if qtype == Q4_1 or qtype == Q5_1:  # matches dequantize_row_q4_1 / q5_1: d*q + m
-            mn = _f16_at(row, o + 2)
             dst[base + j] = d * np.float32(lo) + mn
             dst[base + j + 16] = d * np.float32(hi) + mn
         else:  # matches dequantize_row_q4_0 / q5_0: d*(q - off)
@@ -234,6 +226,18 @@ def _get_rows_float(kind, w, ids, out):
 
 # ------------------------------------------------------------------------- public tables
 
+def _frozen(w: np.ndarray) -> np.ndarray:
+    """Read-only, C-contiguous plain-ndarray view of w (GGUF tensors are contiguous already;
+    anything else is copied).
+
+    GGUFReader's memmaps are read-only and Numba compiles read-only arrays separately, so
+    every weight goes in read-only: one specialization per kernel, whoever calls.
+    """
+    v = np.ascontiguousarray(w).view(np.ndarray)
+    v.flags.writeable = False
+    return v
+
+
 def _check(x: np.ndarray, out: np.ndarray, n: int) -> None:
     if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
         raise ValueError("x must be a C-contiguous float32 (M, K) array")
@@ -241,9 +245,19 @@ def _check(x: np.ndarray, out: np.ndarray, n: int) -> None:
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(x.shape[0], n)}")
 
 
+def _row_ids(ids, n: int, out: np.ndarray, k: int) -> np.ndarray:
+    """Validate a row lookup: ids within [0, n), out a C-contiguous float32 (len(ids), k)."""
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= n):
+        raise IndexError(f"row ids must lie in [0, {n})")
+    if out.dtype != np.float32 or out.shape != (ids.size, k) or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {(ids.size, k)}")
+    return ids
+
+
 def _bits_view(kind: int, w: np.ndarray, k: int) -> np.ndarray:
-    """Zero-copy raw bits (N, K): F32 float32 -> uint32; F16 float16 / BF16 uint8 (N, 2K) -> uint16."""
-    w = np.ascontiguousarray(w)
+    """Zero-copy raw bits (N, K): F32 -> uint32; F16 (float16), BF16 (uint8 (N, 2K)) -> uint16."""
+    w = _frozen(w)
     bits = w.view(np.uint32 if kind == F32 else np.uint16)
     if bits.shape != (w.shape[0], k):
         raise ValueError(f"{_T(kind).name} weight {w.shape} does not have rows of {k} values")
@@ -257,7 +271,7 @@ def _quant_matmul(qtype: int):
         _check(x, out, w.shape[0])
         if w.shape[1] != x.shape[1] // QK8 * block_bytes or x.shape[1] % QK8:
             raise ValueError(f"{_T(qtype).name} weight {w.shape} does not match x {x.shape}")
-        _matmul_quant(qtype, np.ascontiguousarray(w), x, out)
+        _matmul_quant(qtype, _frozen(w), x, out)
     return matmul
 
 
@@ -272,13 +286,16 @@ def _quant_get_rows(qtype: int):
     block_bytes = BLOCK_BYTES[qtype]
 
     def get_rows(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
-        _get_rows_quant(qtype, block_bytes, w, ids, out)
+        k = w.shape[1] // block_bytes * QK8
+        ids = _row_ids(ids, w.shape[0], out, k)
+        _get_rows_quant(qtype, block_bytes, _frozen(w), ids, out)
     return get_rows
 
 
 def _float_get_rows(kind: int):
     def get_rows(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
-        _get_rows_float(kind, _bits_view(kind, w, out.shape[1]), ids, out)
+        bits = _bits_view(kind, w, out.shape[1])
+        _get_rows_float(kind, bits, _row_ids(ids, w.shape[0], out, out.shape[1]), out)
     return get_rows
 
 

@@ -8,8 +8,9 @@ handles one 32-element block ``b`` of EIGHT consecutive weight rows (byte offset
    scales d (and mins m for the _1 formats):
        Q4_0  w = u - 8     Q5_0  w = u - 16     Q8_0  w = u - 128 (u = w xor 0x80)
        Q4_1  w = d*u + m   Q5_1  w = d*u + m
-2. transpose the 8x8 matrix of 4-byte groups so that vector c holds bytes 4c..4c+3
-   of every row;
+2. transpose the 8x8 matrix of 4-byte groups so that vector c holds codes 4c..4c+3
+   of every row (Q4_0 / Q4_1 transpose the packed 8x4 nibble bytes instead and split
+   the nibbles afterwards: half the shuffles);
 3. for each m: ``vpdpbusd`` with the broadcast 4-byte group c of xq[m] gives, in lane r,
    the exact integer dot product of row r's block with the activation block; the
    offset is removed exactly with the block sum of xq:
@@ -39,7 +40,7 @@ from numba.core import cgutils, config
 from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic
 
-I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+I1, I8, I16, I32, I64 = (ir.IntType(bits) for bits in (1, 8, 16, 32, 64))
 F16, F32 = ir.HalfType(), ir.FloatType()
 _T = gguf.GGMLQuantizationType
 
@@ -91,7 +92,7 @@ def _transpose8(builder, rows: list) -> list:
     lo128, hi128 = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
     a = []
     for i in range(0, 8, 2):
-        a += [_shuf(builder, rows[i], rows[i + 1], lo32), _shuf(builder, rows[i], rows[i + 1], hi32)]
+        a += [_shuf(builder, rows[i], rows[i + 1], idx) for idx in (lo32, hi32)]
     # a[2i] = cols (0,1 | 4,5) of rows 2i, 2i+1; a[2i+1] = cols (2,3 | 6,7)
     b = []
     for base in (0, 4):
@@ -133,7 +134,8 @@ def _f16_pairs_x8(builder, wp, offs: list):
     v = ir.Constant(V8I32, None)
     for r, off in enumerate(offs):
         v = builder.insert_element(v, _load(builder, wp, off, I32), I32(r))
-    halves = [builder.trunc(v, V8I16), builder.trunc(builder.lshr(v, ir.Constant(V8I32, [16] * 8)), V8I16)]
+    high = builder.lshr(v, ir.Constant(V8I32, [16] * 8))
+    halves = [builder.trunc(v, V8I16), builder.trunc(high, V8I16)]
     return [builder.fpext(builder.bitcast(h, _vec(F16, 8)), V8F32) for h in halves]
 
 
@@ -155,7 +157,8 @@ def _nibble_cols(builder, wp, offs: list):
         t += [_shuf(builder, a01[i], a23[i], lo64), _shuf(builder, a01[i], a23[i], hi64)]
     mask = ir.Constant(V8I32, [0x0F0F0F0F] * 8)
     four = ir.Constant(V8I32, [4] * 8)
-    return [builder.and_(c, mask) for c in t] + [builder.and_(builder.lshr(c, four), mask) for c in t]
+    lows = [builder.and_(c, mask) for c in t]
+    return lows + [builder.and_(builder.lshr(c, four), mask) for c in t]
 
 
 def _nibbles(builder, qs):
@@ -192,7 +195,8 @@ def _plus(builder, offs: list, k: int) -> list:
 
 def _dec_q4_0(builder, wp, o) -> Decoded:
     """block_q4_0: fp16 d | 16 B qs.  matches dequantize_row_q4_0."""
-    return Decoded(_nibble_cols(builder, wp, _plus(builder, o, 2)), 8, _f16x8(builder, wp, o), None)
+    cols = _nibble_cols(builder, wp, _plus(builder, o, 2))
+    return Decoded(cols, 8, _f16x8(builder, wp, o), None)
 
 
 def _dec_q4_1(builder, wp, o) -> Decoded:
@@ -268,12 +272,11 @@ def _emit_tile(builder, dec: Decoded, vnni: bool, ptrs, ints) -> None:
         m = loop.index
         xw = _load(builder, xq_p, builder.add(builder.mul(m, k), xoff), V8I32)
         # two independent accumulation chains (exact ints, so grouping is free)
-        s0, s1 = zero, zero
-        for c in range(0, 8, 2):
-            s0 = _dpbusd(builder, vnni, s0, cols[c], _splat(builder, builder.extract_element(xw, I32(c)), 8))
-            s1 = _dpbusd(builder, vnni, s1, cols[c + 1],
-                         _splat(builder, builder.extract_element(xw, I32(c + 1)), 8))
-        isum = builder.add(s0, s1)
+        sums = [zero, zero]
+        for c in range(8):
+            xc = _splat(builder, builder.extract_element(xw, I32(c)), 8)
+            sums[c % 2] = _dpbusd(builder, vnni, sums[c % 2], cols[c], xc)
+        isum = builder.add(sums[0], sums[1])
         mb = builder.add(builder.mul(m, nb), b)
         if dec.off:
             corr = builder.mul(_load(builder, xsum_p, mb, I32, 4), I32(dec.off))
@@ -281,7 +284,8 @@ def _emit_tile(builder, dec: Decoded, vnni: bool, ptrs, ints) -> None:
         dd = builder.fmul(dec.d, _splat(builder, _load(builder, xd_p, mb, F32, 4), 8))
         t = builder.fmul(dd, builder.sitofp(isum, V8F32))
         if dec.m is not None:
-            t = builder.fadd(t, builder.fmul(dec.m, _splat(builder, _load(builder, xs_p, mb, F32, 4), 8)))
+            sx = _splat(builder, _load(builder, xs_p, mb, F32, 4), 8)
+            t = builder.fadd(t, builder.fmul(dec.m, sx))
         aoff = builder.add(acc0, builder.mul(m, acc_ms))
         _store(builder, builder.fadd(_load(builder, acc_p, aoff, V8F32, 4), t), acc_p, aoff, 4)
 
@@ -319,3 +323,38 @@ def make_tile(qtype: int, vnni: bool | None = None):
 
 
 TILE = {qt: make_tile(qt) for qt in DECODERS}
+
+
+# ------------------------------------------------------------- float32 dot (F32/F16/BF16)
+
+@intrinsic
+def dot32_lanes(typingctx, a, a0, x, x0, n32):
+    """float32 dot of a[a0 : a0+32*n32] and x[x0 : ...] with 32 interleaved partial sums.
+
+    Lane l (0..31) adds a[i]*x[i] for i = l mod 32, in order (fmul then fadd, as in
+    ggml_vec_dot_f32's float32 accumulators).  The lanes are combined as
+    v[j] = (l[j] + l[j+8]) + (l[j+16] + l[j+24]), then ((v0+v1)+(v2+v3))+((v4+v5)+(v6+v7)).
+    a, x: flat float32 arrays; returns float32.
+    """
+    sig = types.float32(a, a0, x, x0, n32)
+
+    def codegen(context, builder, signature, args):
+        ap = context.make_array(signature.args[0])(context, builder, args[0]).data
+        xp = context.make_array(signature.args[2])(context, builder, args[2]).data
+        a0_, x0_, n_ = (context.cast(builder, args[i], signature.args[i], types.int64)
+                        for i in (1, 3, 4))
+        accs = [cgutils.alloca_once_value(builder, ir.Constant(V8F32, None)) for _ in range(4)]
+        with cgutils.for_range(builder, n_) as loop:
+            base = builder.mul(loop.index, _i64(32))
+            for j, slot in enumerate(accs):
+                off = builder.add(base, _i64(8 * j))
+                prod = builder.fmul(_load(builder, ap, builder.add(a0_, off), V8F32, 4),
+                                    _load(builder, xp, builder.add(x0_, off), V8F32, 4))
+                builder.store(builder.fadd(builder.load(slot), prod), slot)
+        lanes = [builder.load(s) for s in accs]
+        v = builder.fadd(builder.fadd(lanes[0], lanes[1]), builder.fadd(lanes[2], lanes[3]))
+        e = [builder.extract_element(v, I32(i)) for i in range(8)]
+        pairs = [builder.fadd(e[i], e[i + 1]) for i in range(0, 8, 2)]
+        return builder.fadd(builder.fadd(pairs[0], pairs[1]), builder.fadd(pairs[2], pairs[3]))
+
+    return sig, codegen

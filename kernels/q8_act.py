@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic
 
 QK8 = 32  # elements per Q8_0 / Q8_1 block
@@ -39,8 +39,7 @@ def half_bits_to_f32(typingctx, bits):
     sig = types.float32(bits)
 
     def codegen(context, builder, sig, args):
-        h = builder.trunc(args[0], ir.IntType(16)) if args[0].type.width > 16 \
-            else builder.zext(args[0], ir.IntType(16)) if args[0].type.width < 16 else args[0]
+        h = context.cast(builder, args[0], sig.args[0], types.uint16)
         return builder.fpext(builder.bitcast(h, ir.HalfType()), ir.FloatType())
 
     return sig, codegen
@@ -60,6 +59,19 @@ def f32_to_half_bits(typingctx, value):
     return sig, codegen
 
 
+@intrinsic
+def bits_to_f32(typingctx, bits):
+    """int32 / uint32 bit pattern -> float32 (a bitcast)."""
+    if not isinstance(bits, types.Integer) or bits.bitwidth != 32:
+        return None
+    sig = types.float32(bits)
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
 @njit(cache=True, nogil=True)
 def round_f16(v):
     """float32 -> nearest fp16 value, as float32."""
@@ -68,21 +80,15 @@ def round_f16(v):
 
 @njit(cache=True, nogil=True)
 def _roundf(v):
-    """C roundf on float32 (ties away from zero), exact for every float32.
+    """C roundf on float32 (ties away from zero) -> int32, exact for |v| < 2^31.
 
-    Adding the largest float below 0.5 and truncating is how LLVM itself lowers
-    llvm.round; the sum is rounded to nearest so 0.49999997 + 0.49999997 stays
-    below 1 while 0.5 + 0.49999997 rounds up to 1.
+    Adding the largest float below 1/2 (with v's sign) and truncating is how LLVM lowers
+    llvm.round: the sum rounds to nearest, so 0.49999997 + 0.49999997 stays below 1 while
+    0.5 + 0.49999997 rounds up to 1.  Branch-free, so the block loop vectorizes.
     """
     half_minus = np.float32(0.49999997)
-    if v >= np.float32(0.0):
-        return np.float32(np.int32(v + half_minus))
-    return np.float32(np.int32(v - half_minus))
+    return np.int32(v + (half_minus if v >= np.float32(0.0) else -half_minus))
 
-
-# --------------------------------------------------------------------------
-# quantization kernel
-# --------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
 def quantize_q8_rows(x, xq, xd, xsum, xs):
@@ -97,31 +103,23 @@ def quantize_q8_rows(x, xq, xd, xsum, xs):
     """
     m_rows, k = x.shape
     nb = k // QK8
+    bits = x.view(np.int32)  # |x| ordered as the int32 of its bits (NaN aside)
     for m in range(m_rows):
         for b in range(nb):
             base = b * QK8
-            amax = np.float32(0.0)
+            amax_bits = np.int32(0)
             for j in range(QK8):  # matches quantize_row_q8_0_ref: MAX(amax, fabsf(v))
-                a = abs(x[m, base + j])
-                if a > amax:
-                    amax = a
-            d = amax / np.float32(127.0)
+                amax_bits = max(amax_bits, np.int32(bits[m, base + j] & 0x7FFFFFFF))
+            d = bits_to_f32(amax_bits) / np.float32(127.0)
             inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
             total = np.int32(0)
             for j in range(QK8):
                 q = _roundf(x[m, base + j] * inv)
                 xq[m, base + j] = np.int8(q)
-                total += np.int32(q)
+                total += q
             xd[m, b] = round_f16(d)
             xsum[m, b] = total
             xs[m, b] = round_f16(np.float32(total) * d)  # matches quantize_row_q8_1_ref
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def quantize_q8_rows_parallel(x, xq, xd, xsum, xs):
-    """``quantize_q8_rows`` with prange over rows (for large M, e.g. prompt prefill)."""
-    for m in prange(x.shape[0]):
-        quantize_q8_rows(x[m:m + 1], xq[m:m + 1], xd[m:m + 1], xsum[m:m + 1], xs[m:m + 1])
 
 
 class Q8Act(NamedTuple):

@@ -14,15 +14,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import hub
-from .compat import check_compatible
 from .config import ModelConfig
-from .drafters import ModelDrafter
+from .drafters import Drafter, make_drafter
 from .errors import ConfigError, ContextOverflowError
 from .generate import GenerationResult, Timings, generate_plain
 from .gguf_file import GGUFFile
 from .model import Session, Weights
+from .policies import DraftPolicy, make_policy
 from .sampling import NumpyRandom, SamplerParams
-from .speculative import SpecStats, check_draft_n, generate_speculative
+from .speculative import SpecStats, generate_speculative
 from .tokenizer import Tokenizer
 from .trace import TraceSink
 
@@ -63,6 +63,13 @@ class Model:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
+    def chat_prompt(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """messages [{'role': 'system'|'user'|'assistant', 'content': str}, ...] in this model's
+        own chat template (GGUF tokenizer.chat_template; ChatML if it has none), as prompt
+        text for `generate`.  Multi-turn chats that keep their KV cache: specdec.Conversation."""
+        from .chat import chat_prompt
+        return chat_prompt(self.tokenizer, messages, add_generation_prompt)
+
     # -- numbers -------------------------------------------------------------------------
     def session(self, n_ctx: int | None = None) -> Session:
         """A fresh KV cache over this model's weights (each holds its own context)."""
@@ -79,13 +86,22 @@ class Model:
     def generate(self, prompt: str | Sequence[int], n_predict: int = 128, *,
                  temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, seed: int | None = None,
-                 draft: "Model | None" = None, draft_n: int = 5, draft_p: float = 0.9,
+                 draft: "Model | Drafter | str | None" = None, draft_n: int = 5,
+                 draft_p: float = 0.9, draft_model: "Model | None" = None,
+                 draft_policy: "str | DraftPolicy" = "threshold",
+                 lookup_ngram_min: int = 1, lookup_ngram_max: int = 3,
                  ignore_eos: bool = False, n_ctx: int | None = None,
                  on_token: Callable[[int, str], None] | None = None,
                  trace: TraceSink | None = None) -> Completion:
         """Generate up to n_predict tokens after `prompt` (text with special tokens parsed and
         BOS as the metadata says, or a list of ids).  With `draft=` the tokens come from
-        speculative decoding, with exactly the target's output law (greedy: the same ids)."""
+        speculative decoding, with exactly the target's output law (greedy: the same ids).
+
+        draft: a loaded draft Model, a Drafter object, or a name: 'model' / 'hybrid' (with
+        draft_model=) or 'prompt-lookup' (n-grams of lookup_ngram_min..max tokens); see
+        drafters.make_drafter.  draft_policy: 'threshold' (up to draft_n, model drafts stop
+        below confidence draft_p), 'fixed' (draft_n) or 'adaptive' (1..draft_n chosen from
+        the measured acceptance and costs), or a DraftPolicy object; see specdec.policies."""
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         rng = NumpyRandom(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
@@ -98,11 +114,13 @@ class Model:
         if draft is None:
             res = generate_plain(target, prompt_ids, n_predict, params, rng, eog, on_token)
         else:
-            check_draft_n(draft_n)
-            check_compatible(self.tokenizer, draft.tokenizer, self.name, draft.name)
-            drafter = ModelDrafter(draft.session(n_ctx), params, draft_p, n_vocab=self.config.n_vocab)
+            policy = make_policy(draft_policy, draft_n, draft_p)
+            drafter = make_drafter(draft, self, params, draft_model=draft_model,
+                                   draft_p=policy.p_min, n_ctx=n_ctx,
+                                   lookup_ngram_min=lookup_ngram_min,
+                                   lookup_ngram_max=lookup_ngram_max)
             res = generate_speculative(target, drafter, prompt_ids, n_predict, params, rng, eog,
-                                       draft_n=draft_n, on_token=on_token, trace=trace)
+                                       policy=policy, on_token=on_token, trace=trace)
         return _completion(self, prompt_ids, res)
 
 

@@ -1,9 +1,12 @@
 """`specdec` command line: llama-cli's flags over the same API a script uses.
 
     specdec run -m TARGET [-md DRAFT --draft-n 5 --draft-p 0.9] -p TEXT -n 128
+    specdec chat -m TARGET [-md DRAFT] [-sys TEXT]
     specdec info FILE
     specdec pull NAME
     specdec models
+    specdec trace-report TRACE.jsonl [-o OUT.png]
+    specdec bench [-m MODEL ...] [--pair TARGET:DRAFT ...] [-o DIR]
 
 Every user error is one line on stderr and exit code 2.  Generated text goes to stdout as it
 is produced; progress and the final summary go to stderr so stdout stays pipeable.
@@ -16,11 +19,18 @@ import time
 from collections import Counter
 
 from . import hub
+from .console import COLORS, RESET, detail_lines, summary_line
 from .errors import ConfigError, SpecdecError
 
-COLORS = {"accepted": "\x1b[32m", "correction": "\x1b[31m", "bonus": "\x1b[34m"}   # green, red, blue
-RESET = "\x1b[0m"
+EPILOG = """examples:
+  specdec run -m qwen2.5-coder-1.5b-instruct-q4_k_m -md qwen2.5-coder-0.5b-instruct \\
+      -p "Write a quicksort in Python." -n 256 --color
+  specdec run -m model.gguf -f prompt.txt --raw -n 64 --temp 0.8 -s 42
+  specdec chat -m smollm2-135m-instruct-q4_1 -sys "Answer in one sentence."
 
+Models: a GGUF path or a known id (`specdec models`), fetched on first use.  Text goes to
+stdout as it is accepted; progress and the summary go to stderr.  Exit codes: 0 ok,
+2 bad input (one line on stderr), 130 interrupted."""
 
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are one line naming the flag (exit code 2)."""
@@ -29,35 +39,64 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message}")
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """llama-cli's help layout: `-m, --model FNAME    help`."""
+
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=34, width=100)
+
+    def _format_action_invocation(self, action):
+        if not action.option_strings or action.nargs == 0:
+            return ", ".join(action.option_strings) or super()._format_action_invocation(action)
+        return f"{', '.join(action.option_strings)} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+
+
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("-m", "--model", default=hub.DEFAULT_TARGET,
+    g.add_argument("-m", "--model", default=hub.DEFAULT_TARGET, metavar="FNAME",
                    help=f"target model: a GGUF path or a known id (default: {hub.DEFAULT_TARGET})")
-    g.add_argument("-md", "--draft-model", default=None,
+    g.add_argument("-md", "--draft-model", "--model-draft", default=None, metavar="FNAME",
                    help="draft model (path or known id) for speculative decoding")
     g.add_argument("--draft-n", "--draft-max", "--spec-draft-n-max", dest="draft_n", type=int, default=5,
+                   metavar="N",
                    help="tokens drafted per step, 1..16 (default: 5)")
-    g.add_argument("--draft-p", "--draft-p-min", dest="draft_p", type=float, default=0.9,
+    g.add_argument("--draft-p", "--draft-p-min", dest="draft_p", type=float, default=0.9, metavar="P",
                    help="stop drafting when the draft's top probability is below this (default: 0.9)")
-    g.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (default: min(4096, trained))")
-    g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: all cores)")
-    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None,
+    g.add_argument("--draft", default=None, choices=("model", "prompt-lookup", "hybrid"),
+                   help="who drafts: the -md model (default with -md), prompt-lookup (copies what "
+                        "followed the last n-gram earlier in the text), hybrid (lookup, else -md)")
+    g.add_argument("--draft-policy", default="threshold", choices=("fixed", "threshold", "adaptive"),
+                   help="draft length: threshold (up to --draft-n, stop below --draft-p), fixed "
+                        "(--draft-n), adaptive (1..--draft-n from measured acceptance and costs)")
+    g.add_argument("--lookup-ngram-min", type=int, default=1, help="prompt lookup: shortest n-gram matched (default: 1)")
+    g.add_argument("--lookup-ngram-max", type=int, default=3, help="prompt lookup: longest n-gram matched (default: 3)")
+    g.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N", help="context size (default: min(4096, trained))")
+    g.add_argument("-t", "--threads", type=int, default=0, metavar="N",
+                   help="threads of the Numba kernels (default: all cores)")
+    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None, metavar="N",
                    help="accepted for llama-cli compatibility; specdec runs on the CPU")
     g = p.add_argument_group("prompt")
-    g.add_argument("-p", "--prompt", default=None, help="prompt text (special tokens recognised)")
-    g.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    g.add_argument("-p", "--prompt", default=None, metavar="PROMPT", help="prompt text (special tokens recognised)")
+    g.add_argument("-f", "--file", default=None, metavar="FNAME", help="read the prompt from a file")
     g.add_argument("--no-display-prompt", action="store_true", help="do not echo the prompt")
+    g.add_argument("-sys", "--system-prompt", default=None, metavar="TEXT",
+                   help="system message for the chat template")
+    g.add_argument("--raw", action="store_true",
+                   help="use the prompt as is, without the model's chat template")
+    g.add_argument("-cnv", "--conversation", action="store_true",
+                   help="interactive chat after the prompt (as `specdec chat`)")
     g = p.add_argument_group("sampling")
-    g.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default: 128)")
-    g.add_argument("-s", "--seed", type=int, default=None, help="RNG seed (default: random)")
-    g.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default: 0)")
-    g.add_argument("--top-k", type=int, default=40, help="top-k sampling, 0 = off (default: 40)")
-    g.add_argument("--top-p", type=float, default=0.95, help="top-p sampling, 1.0 = off (default: 0.95)")
-    g.add_argument("--min-p", type=float, default=0.05, help="min-p sampling, 0.0 = off (default: 0.05)")
+    g.add_argument("-n", "--n-predict", type=int, default=128, metavar="N",
+                   help="tokens to generate, -1 = until end of generation or a full context (default: 128)")
+    g.add_argument("-s", "--seed", type=int, default=None, metavar="SEED", help="RNG seed, -1 = random (default: random)")
+    g.add_argument("--temp", type=float, default=0.0, metavar="N", help="temperature; 0 = greedy (default: 0)")
+    g.add_argument("--top-k", type=int, default=40, metavar="N", help="top-k sampling, 0 = off (default: 40)")
+    g.add_argument("--top-p", type=float, default=0.95, metavar="N", help="top-p sampling, 1.0 = off (default: 0.95)")
+    g.add_argument("--min-p", type=float, default=0.05, metavar="N", help="min-p sampling, 0.0 = off (default: 0.05)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation")
     g = p.add_argument_group("speculation")
     g.add_argument("--compare", action="store_true",
@@ -66,13 +105,52 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="write one record per verification step (docs/trace-format.md)")
     g.add_argument("--color", action="store_true",
                    help="colour accepted (green), corrected (red) and bonus (blue) tokens")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="also print acceptance by draft position and draft/verify times")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="specdec", description="Exact speculative decoding of GGUF models on the CPU.")
-    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _add_run_flags(sub.add_parser("run", help="generate text (speculatively with -md)",
-                                  description="Generate text; with -md DRAFT, speculatively."))
+    ap = _Parser(prog="specdec", description="Exact speculative decoding of GGUF models on the CPU.",
+                 epilog="`specdec COMMAND --help` describes a command; docs/cli.md all of them.")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    fmt = _HelpFormatter
+    _add_run_flags(sub.add_parser(
+        "run", help="generate text (speculatively with -md)", formatter_class=fmt, epilog=EPILOG,
+        usage="specdec run [-m MODEL] [-md DRAFT] [-p PROMPT | -f FILE] [-n N] [options]",
+        description="Generate text from a prompt, in the model's chat template unless --raw;\n"
+                    "with -md DRAFT, by exact speculative decoding: the same output law as the\n"
+                    "target alone (greedy: the same tokens).  Flags follow llama-cli."))
+    _add_run_flags(sub.add_parser(
+        "chat", help="interactive multi-turn chat (keeps the KV caches)", formatter_class=fmt,
+        epilog=EPILOG, usage="specdec chat [-m MODEL] [-md DRAFT] [-sys TEXT] [options]",
+        description="Chat in the model's chat template, speculatively with -md.  Each turn\n"
+                    "evaluates only its new tokens.  Ctrl-C stops an answer, Ctrl-D quits,\n"
+                    "/clear starts afresh; -p gives the first turn."))
+    p = sub.add_parser("trace-report", help="plot a speculative trace (--trace FILE.jsonl) as a PNG",
+                       description="Acceptance by draft position, the distribution of p/q, tokens "
+                                   "per step and predicted vs measured acceptance, as one PNG. "
+                                   "Needs matplotlib (pip install 'specdec[bench]').")
+    p.add_argument("trace", metavar="FILE.jsonl", help="trace written by `specdec run --trace`")
+    p.add_argument("-o", "--output", default=None, metavar="OUT.png",
+                   help="where to write the PNG (default: FILE.png)")
+    p = sub.add_parser("bench", help="decode and speculative benchmarks: JSON and PNG plots",
+                       description="Decode speed per model (pp64/tg64 beside llama.cpp) and "
+                                   "speculative vs plain generation per target:draft pair; writes "
+                                   "decode.json/png and speculative.json/png into a folder.  "
+                                   "Needs matplotlib (pip install 'specdec[bench]').")
+    p.add_argument("-m", "--model", nargs="+", default=None, metavar="MODEL",
+                   help="models for the decode benchmark (default: the four known models)")
+    p.add_argument("--pair", action="append", default=None, metavar="TARGET:DRAFT",
+                   help=f"a speculative pair, repeatable (default: {hub.DEFAULT_TARGET}:{hub.DEFAULT_DRAFT})")
+    p.add_argument("-o", "--out", default=None, metavar="DIR",
+                   help="output folder (default: specdec-bench-DATE-TIME)")
+    p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens per generation (default: 64)")
+    p.add_argument("--draft-n", type=int, nargs="+", default=[2, 4, 6], metavar="N",
+                   help="draft lengths to measure (default: 2 4 6)")
+    p.add_argument("--repeats", type=int, default=1, help="best of R runs each (default: 1)")
+    p.add_argument("--no-decode", action="store_true", help="skip the decode benchmark")
+    p.add_argument("--no-speculative", action="store_true", help="skip the speculative benchmark")
+    p.add_argument("-t", "--threads", type=int, default=0, help="Numba threads (default: all cores)")
     p = sub.add_parser("info", help="describe a GGUF model")
     p.add_argument("model", help="GGUF path or known id")
     p = sub.add_parser("pull", help="fetch a known model into the cache")
@@ -84,8 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_run_args(a) -> None:
     if a.prompt is not None and a.file is not None:
         raise ConfigError("--prompt and --file are exclusive")
-    if a.n_predict < 0:
-        raise ConfigError(f"--n-predict must be >= 0, got {a.n_predict}")
+    if a.raw and a.system_prompt is not None:
+        raise ConfigError("-sys/--system-prompt needs the chat template; drop --raw")
+    if a.raw and a.conversation:
+        raise ConfigError("--raw and chat are exclusive: a chat needs the chat template")
+    if a.trace and a.conversation:
+        raise ConfigError("--trace is for `specdec run` without -cnv")
+    if a.n_predict < -1:
+        raise ConfigError(f"--n-predict must be >= -1, got {a.n_predict}")
     if not 1 <= a.draft_n <= 16:
         raise ConfigError(f"--draft-n must be in 1..16, got {a.draft_n}")
     if not 0.0 <= a.draft_p <= 1.0:
@@ -104,9 +188,16 @@ def _load(name: str, n_ctx: int):
     _progress(f"specdec: loaded {m.name} ({m.config.arch}, {m.config.n_layer} layers) in "
               f"{time.perf_counter() - t0:.1f} s; compiling kernels on first run (cached afterwards) ...")
     t0 = time.perf_counter()
-    m.session(n_ctx=2).eval([0])                        # JIT compile / cache load, once per process
+    s = m.session(n_ctx=3)                              # JIT compile / cache load, once per process:
+    s.eval([0, 0])                                      # the batched (prompt, verification) path
+    s.eval([0])                                         # and the one-token path
     _progress(f"specdec: kernels ready in {time.perf_counter() - t0:.1f} s")
     return m
+
+
+def _set_threads(n: int) -> None:
+    import numba
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
 
 
 def cmd_run(a) -> int:
@@ -114,8 +205,7 @@ def cmd_run(a) -> int:
     if a.n_gpu_layers is not None:
         _progress("specdec: note: -ngl ignored, specdec runs on the CPU")
     if a.threads:
-        import numba
-        numba.set_num_threads(min(a.threads, numba.config.NUMBA_NUM_THREADS))
+        _set_threads(a.threads)
     if a.file is not None:
         try:
             prompt = open(a.file, encoding="utf-8").read()
@@ -125,17 +215,23 @@ def cmd_run(a) -> int:
         prompt = a.prompt if a.prompt is not None else ""
     target = _load(a.model, a.ctx_size)
     draft = _load(a.draft_model, a.ctx_size) if a.draft_model else None
+    spec = a.draft or ("model" if draft is not None else None)     # who drafts; None: plain
+    if a.conversation:
+        return _chat(a, target, draft, spec, first=prompt or None)
+    text, chat = _model_prompt(a, target, prompt)
     from .printer import TokenPrinter
     from .trace import JsonlTrace
     if not a.no_display_prompt:
-        sys.stdout.write(prompt)
+        sys.stdout.write(prompt + ("\n" if chat else ""))
         sys.stdout.flush()
     printer = TokenPrinter(target.tokenizer, sys.stdout, COLORS if a.color else None, RESET)
-    trace = JsonlTrace(a.trace) if (a.trace and draft is not None) else None
-    kw = dict(n_predict=a.n_predict, temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
-              min_p=a.min_p, seed=a.seed, ignore_eos=a.ignore_eos, n_ctx=a.ctx_size or None)
+    trace = JsonlTrace(a.trace) if (a.trace and spec) else None
+    kw = dict(n_predict=_n_predict(a, target), temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
+              min_p=a.min_p, seed=_seed(a), ignore_eos=a.ignore_eos, n_ctx=a.ctx_size or None)
     try:
-        out = target.generate(prompt, draft=draft, draft_n=a.draft_n, draft_p=a.draft_p,
+        out = target.generate(text, draft=spec, draft_model=draft, draft_n=a.draft_n, draft_p=a.draft_p,
+                              draft_policy=a.draft_policy, lookup_ngram_min=a.lookup_ngram_min,
+                              lookup_ngram_max=a.lookup_ngram_max,
                               on_token=printer, trace=trace, **kw)
     finally:
         if trace is not None:
@@ -143,29 +239,96 @@ def cmd_run(a) -> int:
     printer.flush()
     sys.stdout.write("\n")
     sys.stdout.flush()
-    _summary(out, a)
-    if a.compare and draft is not None:
-        plain = target.generate(prompt, **kw)
-        same = "identical" if plain.ids == out.ids else "different (sampling)"
-        speed = out.timings.tokens_per_s / plain.timings.tokens_per_s if plain.timings.tokens_per_s else 0.0
-        _progress(f"specdec: plain target: {len(plain.ids)} tokens, {plain.timings.tokens_per_s:.2f} tok/s; "
-                  f"speculative speedup {speed:.2f}x; outputs {same}")
+    plain = target.generate(text, **kw) if (a.compare and spec) else None
+    _summary(out, a, plain)
     return 0
 
 
-def _summary(out, a) -> None:
-    t = out.timings
-    line = (f"specdec: {len(out.ids)} tokens in {t.decode_s:.2f} s = {t.tokens_per_s:.2f} tok/s "
-            f"(prompt {len(out.prompt_ids)} tokens in {t.prompt_s:.2f} s), stop: {out.stop_reason}")
-    _progress(line)
+def _summary(out, a, plain=None) -> None:
+    """One line (tokens, tok/s, acceptance, speedup with --compare); -v adds the details."""
+    _progress(summary_line(out, plain))
     s = out.stats
-    if s is not None:
-        by_pos = " ".join("-" if r is None else f"{r:.2f}" for r in s.acceptance_by_position)
-        _progress(f"specdec: steps {s.n_steps}, drafted {s.n_drafted}, accepted {s.n_accepted} "
-                  f"({s.acceptance_rate:.1%}), {s.tokens_per_step:.2f} tokens/step, "
-                  f"predicted acceptance {s.predicted_acceptance:.1%} vs measured {s.measured_acceptance:.1%}")
-        _progress(f"specdec: acceptance by draft position: {by_pos}; draft {s.draft_s:.2f} s, "
-                  f"verify {s.verify_s:.2f} s")
+    if a.verbose and s is not None:
+        for line in detail_lines(out):
+            _progress(line)
+        for name, d in (s.by_drafter or {}).items():
+            _progress(f"specdec: drafter {name}: {d.n_steps} steps, accepted {d.n_accepted}/{d.n_drafted}, "
+                      f"predicted acceptance {d.predicted_acceptance:.1%} vs measured {d.measured_acceptance:.1%}")
+
+
+def _n_predict(a, target) -> int:
+    return a.n_predict if a.n_predict >= 0 else int(a.ctx_size or target.n_ctx)
+
+
+def _seed(a) -> int | None:
+    return None if a.seed is None or a.seed == -1 else a.seed
+
+
+def _model_prompt(a, target, prompt: str) -> tuple[str, bool]:
+    """(the text the model reads, whether it is wrapped in the chat template)."""
+    if a.raw:
+        return prompt, False
+    if target.tokenizer.chat_template is None:
+        if a.system_prompt is not None:
+            raise ConfigError(f"{target.name} has no chat template (a base model): -sys needs one; "
+                              f"put the text in the prompt")
+        _progress(f"specdec: note: {target.name} has no chat template; the prompt is used as is")
+        return prompt, False
+    messages = [{"role": "system", "content": a.system_prompt}] if a.system_prompt is not None else []
+    return target.chat_prompt([*messages, {"role": "user", "content": prompt}]), True
+
+
+def _chat(a, target, draft, spec, first: str | None = None) -> int:
+    """`specdec chat` and `specdec run -cnv`: an interactive Conversation."""
+    from .chat import Conversation
+    from .console import chat_loop
+    if target.tokenizer.chat_template is None:
+        _progress(f"specdec: note: {target.name} has no chat template; using ChatML")
+    kw = {}
+    if spec:
+        kw = dict(draft=spec, draft_model=draft, draft_n=a.draft_n, draft_p=a.draft_p,
+                  draft_policy=a.draft_policy, lookup_ngram_min=a.lookup_ngram_min,
+                  lookup_ngram_max=a.lookup_ngram_max)
+    conv = Conversation(target, system=a.system_prompt, n_ctx=a.ctx_size or None,
+                        temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
+                        seed=_seed(a), ignore_eos=a.ignore_eos, **kw)
+    return chat_loop(conv, _n_predict(a, target), first=first, colors=a.color, verbose=a.verbose)
+
+
+def cmd_chat(a) -> int:
+    a.conversation = True
+    return cmd_run(a)
+
+
+def cmd_trace_report(a) -> int:
+    from .report import trace_report
+    out, s = trace_report(a.trace, a.output)
+    by_pos = " ".join("-" if r["measured"] is None else f"{r['measured']:.2f}" for r in s["by_position"])
+    print(f"{out}: {s['n_steps']} steps, {s['n_emitted']} tokens, {s['tokens_per_step']:.2f} tokens/step, "
+          f"acceptance {s['acceptance_rate']:.1%}; predicted 1 - TV(p, q) {s['predicted_acceptance']:.1%} "
+          f"vs measured {s['measured_acceptance']:.1%}; by position: {by_pos or '-'}")
+    return 0
+
+
+def cmd_bench(a) -> int:
+    from . import bench
+    if a.threads:
+        _set_threads(a.threads)
+    pairs = []
+    for p in a.pair or ([] if a.no_speculative else [f"{hub.DEFAULT_TARGET}:{hub.DEFAULT_DRAFT}"]):
+        target, sep, draft = p.partition(":")
+        if not (sep and target and draft):
+            raise ConfigError(f"--pair takes TARGET:DRAFT, got {p!r}")
+        pairs.append((target, draft))
+    models = [] if a.no_decode else (a.model or bench.DECODE_MODELS)
+    if any(not 1 <= n <= 16 for n in a.draft_n):
+        raise ConfigError(f"--draft-n values must be in 1..16, got {a.draft_n}")
+    out_dir = a.out or bench.default_out_dir()
+    _progress(f"specdec: benchmark results go to {out_dir}/")
+    for path in bench.run(out_dir, models, pairs, n_predict=a.n_predict, draft_ns=a.draft_n,
+                          repeats=a.repeats, log=_progress):
+        print(path)
+    return 0
 
 
 def cmd_info(a) -> int:
@@ -221,7 +384,8 @@ def cmd_models(a) -> int:
 def main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
-        return {"run": cmd_run, "info": cmd_info, "pull": cmd_pull, "models": cmd_models}[a.command](a)
+        return {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "pull": cmd_pull,
+                "models": cmd_models, "trace-report": cmd_trace_report, "bench": cmd_bench}[a.command](a)
     except SpecdecError as e:
         print(f"specdec: error: {e}", file=sys.stderr)
         return 2

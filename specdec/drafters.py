@@ -9,6 +9,11 @@ Protocol: `propose(context_ids, n_max, rng) -> Draft` with 0 <= n <= n_max token
 `accept(n_accepted, next_token)` once the target has verified them, and `reset()` between
 requests.  `propose` receives the whole accepted context, so a drafter can always re-derive
 its state from it; the hooks let it keep that cheap.
+
+Drafters here: ModelDrafter (a small model), PromptLookupDrafter (copies what followed an
+earlier occurrence of the context's last n-gram; q is one-hot), HybridDrafter (lookup when it
+matches, the model otherwise).  `make_drafter` builds one from a name, a Model or a Drafter.
+Each Draft names its `source`, so statistics can be kept per drafter.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from .compat import check_compatible
 from .errors import ConfigError
 from .generate import Session
 from .sampling import Rng, SamplerParams, probs, softmax
@@ -26,10 +32,11 @@ from .sampling import Rng, SamplerParams, probs, softmax
 class Draft:
     tokens: tuple[int, ...]     # (n,) drafted ids
     q: np.ndarray               # (n, V) float64: q[i] is the distribution tokens[i] was drawn from
+    source: str = "none"        # which drafter proposed: 'model' | 'prompt-lookup' | ...
 
     @staticmethod
-    def empty(n_vocab: int) -> "Draft":
-        return Draft((), np.zeros((0, n_vocab), dtype=np.float64))
+    def empty(n_vocab: int, source: str = "none") -> "Draft":
+        return Draft((), np.zeros((0, n_vocab), dtype=np.float64), source)
 
 
 class Drafter(Protocol):
@@ -63,6 +70,8 @@ class ModelDrafter:
     proposes an id the target lacks, and q stays the exact law of the drafted tokens.
     """
 
+    source = "model"
+
     def __init__(self, session: Session, params: SamplerParams, draft_p: float = 0.0,
                  n_vocab: int | None = None):
         if not 0.0 <= draft_p <= 1.0:
@@ -84,7 +93,7 @@ class ModelDrafter:
         n_max = min(n_max, self.session.n_ctx - len(ctx) + 1)
         self._last = (len(ctx), ())
         if n_max <= 0 or not ctx:
-            return Draft.empty(self.n_vocab)
+            return Draft.empty(self.n_vocab, self.source)
         keep = _common_prefix(self._cached, ctx, len(ctx) - 1)    # the last id must be re-fed
         self._truncate(keep)
         logits = self._eval(ctx[keep:])                            # (V_draft,) catch-up, one batch
@@ -104,7 +113,7 @@ class ModelDrafter:
             logits = self._eval([x])
         self._last = (len(ctx), tuple(tokens))
         q_mat = np.stack(qs) if qs else np.zeros((0, self.n_vocab))   # (n, V)
-        return Draft(tuple(tokens), q_mat)
+        return Draft(tuple(tokens), q_mat, self.source)
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         """Roll the cache back to the accepted part of the last proposal."""
@@ -134,3 +143,177 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
         return n
     diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(diff[0])
+
+
+# ---- prompt lookup ---------------------------------------------------------------------------
+
+class NgramIndex:
+    """Where each n-gram (n_min <= n <= n_max) of a growing token sequence last ended.
+
+    `sync(ids, upto)` brings the index to `ids`, indexing the n-grams that end at or before
+    position `upto` (exclusive end index); when `ids` does not extend what was indexed (a new
+    request, a rolled-back context) it starts over.  Appending k tokens costs O(k * n_max)
+    dict updates; the prefix check costs one list comparison.  `find(gram)` -> the end of its
+    latest indexed occurrence, or None."""
+
+    def __init__(self, n_min: int, n_max: int):
+        self.n_min, self.n_max = n_min, n_max
+        self.ids: list[int] = []
+        self._end: dict[tuple[int, ...], int] = {}   # n-gram -> exclusive end of its latest occurrence
+        self._upto = 0                                # n-grams ending at <= _upto are indexed
+
+    def reset(self) -> None:
+        self.ids, self._end, self._upto = [], {}, 0
+
+    def sync(self, ids: Sequence[int], upto: int) -> None:
+        m = len(self.ids)
+        if len(ids) < m or list(ids[:m]) != self.ids:
+            self.reset()
+            m = 0
+        self.ids.extend(int(t) for t in ids[m:])
+        if upto < self._upto:                         # never un-index: rebuild (rare)
+            self._end, self._upto = {}, 0
+        seq = self.ids
+        for e in range(self._upto + 1, upto + 1):
+            for n in range(self.n_min, min(self.n_max, e) + 1):
+                self._end[tuple(seq[e - n: e])] = e
+        self._upto = max(self._upto, upto)
+
+    def find(self, gram: tuple[int, ...]) -> int | None:
+        return self._end.get(gram)
+
+
+class PromptLookupDrafter:
+    """Drafts by copying: find the context's last n-gram earlier in the context (prompt or
+    output), and propose the tokens that followed it.
+
+    Rule: the longest suffix n-gram with an earlier occurrence, n from ngram_max down to
+    ngram_min; of its occurrences, the most recent one (the copy nearest in the text: when
+    an answer re-types code from the prompt, or the output repeats its own recent lines, the
+    closest occurrence is the one being continued; and a dict of latest positions is an O(1)
+    incremental index).  transformers' PromptLookupCandidateGenerator takes the earliest
+    occurrence instead; llama.cpp's lookup ranks continuations by counts.  The copy is
+    LZ77-style and may overlap the tokens it is producing, so a periodic suffix (`a b a b`)
+    continues its period for as many tokens as asked.  No match: an empty draft.
+
+    q rows are one-hot on the copied tokens: the draft is a deterministic function of the
+    context, so it is exactly "x ~ q".  Verification then accepts x with probability p(x) and
+    otherwise samples normalize(max(0, p - q)), i.e. p without x (Leviathan et al. 2023,
+    Algorithm 1): the output law stays the target's."""
+
+    source = "prompt-lookup"
+
+    def __init__(self, n_vocab: int, ngram_max: int = 3, ngram_min: int = 1):
+        if not 1 <= ngram_min <= ngram_max:
+            raise ConfigError(f"--lookup-ngram-min/max: need 1 <= min <= max, got {ngram_min}, {ngram_max}")
+        self.n_vocab, self.ngram_min, self.ngram_max = int(n_vocab), int(ngram_min), int(ngram_max)
+        self.index = NgramIndex(self.ngram_min, self.ngram_max)
+
+    def reset(self) -> None:
+        self.index.reset()
+
+    def match(self, context_ids: Sequence[int]) -> tuple[int, int] | None:
+        """(n, end): the n-gram matched and the exclusive end of its chosen occurrence."""
+        L = len(context_ids)
+        self.index.sync(context_ids, L - 1)          # occurrences that end before the suffix does
+        ids = self.index.ids
+        for n in range(min(self.ngram_max, L - 1), self.ngram_min - 1, -1):
+            end = self.index.find(tuple(ids[L - n:]))
+            if end is not None:
+                return n, end
+        return None
+
+    def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
+        hit = self.match(context_ids) if n_max > 0 else None
+        if hit is None:
+            return Draft.empty(self.n_vocab, self.source)
+        ids, L, src = self.index.ids, len(context_ids), hit[1]
+        tokens: list[int] = []
+        for k in range(n_max):                        # src + k < L + k: the copy reads ahead of itself
+            i = src + k
+            tokens.append(ids[i] if i < L else tokens[i - L])
+        q = np.zeros((len(tokens), self.n_vocab), dtype=np.float64)   # (n, V) one-hot rows
+        q[np.arange(len(tokens)), tokens] = 1.0
+        return Draft(tuple(tokens), q, self.source)
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        pass                                          # the next propose indexes the new tokens
+
+
+class HybridDrafter:
+    """Prompt lookup when it has a match, the model drafter otherwise.
+
+    Which one drafts is a function of the context alone (never of the rng), so each draft is
+    still x ~ q for the q it reports.  The model drafter's cache is not touched on lookup
+    steps: its next `propose` rolls back to the common prefix with the context and evaluates
+    everything it missed in one batch (ModelDrafter's lazy catch-up)."""
+
+    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
+        if lookup.n_vocab != model.n_vocab:
+            raise ValueError(f"hybrid drafter: lookup over {lookup.n_vocab} ids, model over {model.n_vocab}")
+        self.lookup, self.model, self.n_vocab = lookup, model, model.n_vocab
+        self._by: Drafter | None = None               # who made the last proposal
+
+    def reset(self) -> None:
+        self.lookup.reset()
+        self.model.reset()
+        self._by = None
+
+    def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
+        draft = self.lookup.propose(context_ids, n_max, rng)
+        self._by = self.lookup
+        if not draft.tokens and n_max > 0:
+            draft = self.model.propose(context_ids, n_max, rng)
+            self._by = self.model
+        return draft
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        if self._by is not None:
+            self._by.accept(n_accepted, next_token)
+        self._by = None
+
+
+# ---- construction ----------------------------------------------------------------------------
+
+DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid")
+
+
+def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draft_p: float = 0.0,
+                 n_ctx: int | None = None, lookup_ngram_min: int = 1,
+                 lookup_ngram_max: int = 3) -> Drafter:
+    """A Drafter for `target` (a specdec Model) from what the caller passed as `draft`:
+
+      a Drafter object (has `propose`)   used as is;
+      a Model                            ModelDrafter over its own session;
+      'model'                            ModelDrafter over `draft_model`;
+      'prompt-lookup'                    PromptLookupDrafter(lookup_ngram_max, lookup_ngram_min);
+      'hybrid'                           HybridDrafter(prompt lookup, ModelDrafter(draft_model)).
+
+    draft_p: the model drafter's confidence floor (policy.p_min).  The draft model's
+    vocabulary is checked against the target's (compat.check_compatible)."""
+    n_vocab = int(target.config.n_vocab)
+    n_ctx = int(n_ctx or target.n_ctx)
+
+    def model_drafter(m) -> ModelDrafter:
+        if m is None:
+            raise ConfigError(f"--draft {draft} needs a draft model (-md / draft_model=)")
+        check_compatible(target.tokenizer, m.tokenizer, target.name, m.name)
+        return ModelDrafter(m.session(n_ctx), params, draft_p, n_vocab=n_vocab)
+
+    def lookup() -> PromptLookupDrafter:
+        return PromptLookupDrafter(n_vocab, ngram_max=lookup_ngram_max, ngram_min=lookup_ngram_min)
+
+    if isinstance(draft, str):
+        if draft == "model":
+            return model_drafter(draft_model)
+        if draft == "prompt-lookup":
+            return lookup()
+        if draft == "hybrid":
+            return HybridDrafter(lookup(), model_drafter(draft_model))
+        raise ConfigError(f"--draft must be one of {', '.join(DRAFTER_NAMES)}, got {draft!r}")
+    if hasattr(draft, "propose"):
+        return draft
+    if hasattr(draft, "session"):
+        return model_drafter(draft)
+    raise ConfigError(f"draft= takes a Model, a Drafter or one of {', '.join(DRAFTER_NAMES)}; "
+                      f"got {type(draft).__name__}")

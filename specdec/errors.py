@@ -27,3 +27,7 @@ class IncompatibleDraftError(SpecdecError):
 
 class ConfigError(SpecdecError):
     """A flag or parameter is out of range."""
+
+
+class ChatTemplateError(SpecdecError):
+    """The model's chat template cannot be rendered for these messages."""

@@ -73,17 +73,30 @@ def make_timings(prompt_s: float, decode_s: float, n_generated: int) -> Timings:
     return Timings(prompt_s, decode_s, n_generated / decode_s if decode_s > 0 else 0.0)
 
 
+def kept_prefix(session: Session, prompt_ids: Sequence[int], n_keep: int) -> int:
+    """How many cached prompt rows a request reuses: the session is trusted to hold the KV rows
+    of prompt_ids[:n_keep] from an earlier request (a conversation's previous turns); at least
+    the last prompt id is always evaluated again, since its logits start the generation."""
+    if not 0 <= n_keep <= session.n_past:
+        raise ValueError(f"n_keep={n_keep}, but the session holds {session.n_past} tokens")
+    return min(int(n_keep), len(prompt_ids) - 1)
+
+
 def generate_plain(session: Session, prompt_ids: Sequence[int], n_predict: int,
                    params: SamplerParams, rng: Rng, eog_ids: Collection[int],
-                   on_token: OnToken | None = None) -> GenerationResult:
-    """Sample up to n_predict tokens from the session's model, one forward pass per token."""
+                   on_token: OnToken | None = None, *, n_keep: int = 0) -> GenerationResult:
+    """Sample up to n_predict tokens from the session's model, one forward pass per token.
+
+    n_keep > 0 resumes: the session's first n_keep rows are prompt_ids[:n_keep] (see
+    `kept_prefix`) and only the rest of the prompt is evaluated; the output is unchanged."""
     check_request(session, prompt_ids, n_predict)
-    session.reset()
+    keep = kept_prefix(session, prompt_ids, n_keep)
+    session.truncate(keep)
     ids: list[int] = []
     if n_predict == 0:
         return GenerationResult(ids, len(prompt_ids), make_timings(0.0, 0.0, 0), "n_predict")
     t0 = time.perf_counter()
-    logits = session.eval(list(prompt_ids), last_only=True)[-1]      # (V,)
+    logits = session.eval(list(prompt_ids[keep:]), last_only=True)[-1]   # (V,)
     t1 = time.perf_counter()
     stop = "n_predict"
     while True:

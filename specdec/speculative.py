@@ -13,23 +13,42 @@ without its last token for the same reason.
 Per step at most n_predict - generated tokens are emitted (the draft is capped at one less),
 and nothing after an end-of-generation token.  Timings: prompt_s covers the prefill of all
 prompt tokens but the last; decode_s everything after it (drafting included).
+
+How many tokens to draft is the policy's choice (specdec.policies): asked before each step,
+told the outcome and the measured draft / verify times after it.  The clock is injected
+(`clock=`) so that tests can make timing-driven policies deterministic.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Collection, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
 from .drafters import Draft, Drafter
-from .errors import ConfigError, IncompatibleDraftError
-from .generate import GenerationResult, OnToken, Session, check_request, make_timings
+from .errors import IncompatibleDraftError
+from .generate import GenerationResult, OnToken, Session, check_request, kept_prefix, make_timings
+from .policies import DRAFT_N_MAX, DraftPolicy, FixedLength, StepFeedback, check_draft_n
 from .sampling import Rng, SamplerParams, probs
 from .trace import TraceSink, step_record
 from .verify import VerifyResult, verify
 
-DRAFT_N_MAX = 16
+__all__ = ["DRAFT_N_MAX", "DrafterStats", "SpecStats", "check_draft_n", "generate_speculative",
+           "spec_stats"]
+
+
+@dataclass(frozen=True)
+class DrafterStats:
+    """The steps one draft source proposed for (Draft.source)."""
+    n_steps: int
+    n_drafted: int
+    n_verified: int
+    n_accepted: int
+    acceptance_rate: float              # n_accepted / n_drafted
+    predicted_acceptance: float         # mean over verified positions of 1 - TV(p_i, q_i)
+    measured_acceptance: float          # n_accepted / n_verified
+    draft_s: float
 
 
 @dataclass(frozen=True)
@@ -47,53 +66,67 @@ class SpecStats:
     draft_s: float
     verify_s: float
     tokens_per_s: float                 # n_generated / decode time
-
-
-def check_draft_n(draft_n: int) -> None:
-    if int(draft_n) != draft_n or not 1 <= draft_n <= DRAFT_N_MAX:
-        raise ConfigError(f"--draft-max must be in 1..{DRAFT_N_MAX}, got {draft_n}")
+    by_drafter: dict[str, DrafterStats] | None = None   # per Draft.source, steps with n_max > 0
+    mean_draft_n: float = 0.0           # mean n the policy asked for (before budget caps)
 
 
 def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence[int],
                          n_predict: int, params: SamplerParams, rng: Rng,
                          eog_ids: Collection[int], draft_n: int = 5,
                          on_token: OnToken | None = None,
-                         trace: TraceSink | None = None) -> GenerationResult:
-    """Sample up to n_predict tokens from the target, drafting up to draft_n per step.
+                         trace: TraceSink | None = None,
+                         policy: DraftPolicy | None = None,
+                         clock: Callable[[], float] = time.perf_counter, *,
+                         n_keep: int = 0) -> GenerationResult:
+    """Sample up to n_predict tokens from the target, drafting up to policy.next_n() per step
+    (policy None: FixedLength(draft_n); draft_n is ignored otherwise).
 
     Each step is Leviathan et al. 2023, Algorithm 1: draft n tokens, one target pass over
-    [last token] + draft, accept/resample with `verify`, roll the caches back."""
-    check_draft_n(draft_n)
+    [last token] + draft, accept/resample with `verify`, roll the caches back.
+
+    n_keep > 0 resumes a conversation: the target's first n_keep rows are prompt_ids[:n_keep]
+    (generate.kept_prefix) and the drafter is not reset: it reconciles its own cache with the
+    context it is given.  Only the new prompt tokens are evaluated; the output is unchanged."""
+    if policy is None:
+        check_draft_n(draft_n)
+        policy = FixedLength(draft_n)
+    check_draft_n(policy.n_max)
     check_request(target, prompt_ids, n_predict)
     if drafter.n_vocab != target.n_vocab:
         raise IncompatibleDraftError(
             f"the drafter proposes over {drafter.n_vocab} token ids, the target has {target.n_vocab}")
-    target.reset()
-    drafter.reset()
+    keep = kept_prefix(target, prompt_ids, n_keep)
+    target.truncate(keep)
+    if n_keep == 0:
+        drafter.reset()
+    policy.reset()
     ctx, ids, steps, stop = list(prompt_ids), [], [], "n_predict"
-    t0 = time.perf_counter()
-    if len(ctx) > 1 and n_predict > 0:
-        target.eval(ctx[:-1], last_only=True)             # the last prompt id opens step 0
-    t1 = time.perf_counter()
+    t0 = clock()
+    if len(ctx) - 1 > keep and n_predict > 0:
+        target.eval(ctx[keep:-1], last_only=True)         # the last prompt id opens step 0
+    t1 = clock()
     while len(ids) < n_predict and stop == "n_predict":
         room = target.n_ctx - target.n_past - 1           # rows the eval may add after ctx[-1]
         if room < 0:
             stop = "ctx_full"
             break
-        n_max = min(draft_n, n_predict - len(ids) - 1, room)
-        ta = time.perf_counter()
+        asked = policy.next_n()
+        if int(asked) != asked or not 0 <= asked <= policy.n_max:
+            raise ValueError(f"draft policy asked for {asked} tokens, outside 0..{policy.n_max}")
+        n_max = min(asked, n_predict - len(ids) - 1, room)
+        ta = clock()
         draft = drafter.propose(ctx, n_max, rng) if n_max > 0 else Draft.empty(target.n_vocab)
         n = len(draft.tokens)
         if n > n_max:
             raise ValueError(f"drafter proposed {n} tokens, at most {n_max} were asked for")
-        tb = time.perf_counter()
+        tb = clock()
         logits = target.eval([ctx[-1], *draft.tokens])    # (n+1, V) one batched pass
         p = np.stack([probs(row, params) for row in logits])   # (n+1, V)
         res = verify(draft.tokens, draft.q, p, rng)
         target.truncate(target.n_past - (n - res.n_accepted))  # keep ctx + accepted drafts
-        tc = time.perf_counter()
+        tc = clock()
         drafter.accept(res.n_accepted, res.next_token)
-        td = time.perf_counter()
+        td = clock()
         new = [*draft.tokens[: res.n_accepted], res.next_token]
         kinds = ["accepted"] * res.n_accepted + [res.kind]
         emitted: list[int] = []
@@ -104,15 +137,17 @@ def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence
             emitted.append(token)
             if on_token is not None:
                 on_token(token, kind)
-        steps.append(_Step(n, res, (tb - ta) + (td - tc), tc - tb))
+        steps.append(_Step(n, res, (tb - ta) + (td - tc), tc - tb, draft.source, n_max, asked))
+        policy.observe(StepFeedback(draft.source, n_max, n, len(res.records), res.n_accepted,
+                                    steps[-1].draft_s, steps[-1].verify_s))
         if trace is not None:
             trace.write(step_record(len(steps) - 1, len(ctx), draft.tokens, draft.q, p, res,
                                     emitted, stop == "eog", steps[-1].draft_s, steps[-1].verify_s))
         ids += emitted
         ctx += emitted
-    t2 = time.perf_counter()
+    t2 = clock()
     timings = make_timings(t1 - t0, t2 - t1, len(ids))
-    stats = spec_stats(steps, draft_n, len(ids), timings.tokens_per_s)
+    stats = spec_stats(steps, policy.n_max, len(ids), timings.tokens_per_s)
     return GenerationResult(ids, len(prompt_ids), timings, stop, stats)
 
 
@@ -122,6 +157,9 @@ class _Step:
     result: VerifyResult
     draft_s: float
     verify_s: float
+    source: str = "none"                # Draft.source
+    n_max: int = 0                      # tokens the drafter was allowed (after caps)
+    asked: int = 0                      # tokens the policy asked for
 
 
 def spec_stats(steps: Sequence[_Step], draft_n: int, n_generated: int,
@@ -138,6 +176,8 @@ def spec_stats(steps: Sequence[_Step], draft_n: int, n_generated: int,
     n_drafted = sum(s.n_drafted for s in steps)
     n_accepted = int(accepted.sum())
     n_verified = int(reached.sum())
+    by_drafter = {src: _drafter_stats([s for s in steps if s.source == src and s.n_max > 0])
+                  for src in dict.fromkeys(s.source for s in steps if s.n_max > 0)}
     return SpecStats(
         n_generated=n_generated, n_steps=len(steps), n_drafted=n_drafted, n_accepted=n_accepted,
         acceptance_rate=_ratio(n_accepted, n_drafted),
@@ -147,7 +187,20 @@ def spec_stats(steps: Sequence[_Step], draft_n: int, n_generated: int,
         predicted_acceptance=_ratio(alpha_sum, n_verified),
         measured_acceptance=_ratio(n_accepted, n_verified),
         draft_s=sum(s.draft_s for s in steps), verify_s=sum(s.verify_s for s in steps),
-        tokens_per_s=tokens_per_s)
+        tokens_per_s=tokens_per_s, by_drafter=by_drafter,
+        mean_draft_n=_ratio(sum(s.asked for s in steps), len(steps)))
+
+
+def _drafter_stats(steps: Sequence[_Step]) -> DrafterStats:
+    n_drafted = sum(s.n_drafted for s in steps)
+    n_verified = sum(len(s.result.records) for s in steps)
+    n_accepted = sum(s.result.n_accepted for s in steps)
+    alpha_sum = sum(sum(s.result.alpha[: len(s.result.records)]) for s in steps)
+    return DrafterStats(len(steps), n_drafted, n_verified, n_accepted,
+                        acceptance_rate=_ratio(n_accepted, n_drafted),
+                        predicted_acceptance=_ratio(alpha_sum, n_verified),
+                        measured_acceptance=_ratio(n_accepted, n_verified),
+                        draft_s=sum(s.draft_s for s in steps))
 
 
 def _ratio(a: float, b: float) -> float:

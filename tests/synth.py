@@ -28,6 +28,7 @@ class TinySpec:
     logit_scale: float = 1.0     # sharpens (>1) or flattens (<1) the output distribution
     n_ctx: int = 512
     sliding_window: int = 0      # gemma3 only
+    chat_template: str | None = None   # tokenizer.chat_template (Jinja2), none by default
 
 
 def _tokens(n_vocab: int) -> list[str]:
@@ -89,6 +90,8 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     w.add_bos_token_id(0)
     w.add_eos_token_id(V - 1)
     w.add_add_bos_token(False)
+    if spec.chat_template is not None:
+        w.add_chat_template(spec.chat_template)
 
     def mat(name, n_out, n_in, std):
         x = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)   # (N, K)

@@ -94,15 +94,17 @@ def widen(w: np.ndarray, qt) -> np.ndarray:
 
 
 def emulate_float(w: np.ndarray, qt, x: np.ndarray) -> np.ndarray:
-    """8 interleaved float32 partial sums, ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)), then the tail."""
+    """32 interleaved float32 partial sums l[0..31]; v[j] = (l[j]+l[j+8]) + (l[j+16]+l[j+24]);
+    ((v0+v1)+(v2+v3))+((v4+v5)+(v6+v7)); then the K mod 32 tail in order."""
     a, k = widen(w, qt), x.shape[1]
-    k8 = k - k % 8
-    lanes = np.zeros((x.shape[0], w.shape[0], 8), np.float32)
-    for i in range(0, k8, 8):
-        lanes = lanes + a[None, :, i:i + 8] * x[:, None, i:i + 8]
-    s = [lanes[..., j] for j in range(8)]
-    total = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
-    for i in range(k8, k):
+    k32 = k - k % 32
+    lanes = np.zeros((x.shape[0], w.shape[0], 32), np.float32)
+    for i in range(0, k32, 32):
+        lanes = lanes + a[None, :, i:i + 32] * x[:, None, i:i + 32]
+    v = (lanes[..., 0:8] + lanes[..., 8:16]) + (lanes[..., 16:24] + lanes[..., 24:32])
+    total = ((v[..., 0] + v[..., 1]) + (v[..., 2] + v[..., 3])) \
+        + ((v[..., 4] + v[..., 5]) + (v[..., 6] + v[..., 7]))
+    for i in range(k32, k):
         total = total + a[None, :, i] * x[:, None, i]
     return total
 
@@ -125,13 +127,13 @@ def error_bound(w: np.ndarray, qt, x: np.ndarray) -> np.ndarray:
     Float rounding: every block term has <= 3 roundings and the running sum over nb blocks
     <= nb more, each <= u * (running magnitude) <= u * sum of |terms|: bound
     (nb + 4) * u * sum_b mag_b, with mag_b >= |term_b| (x widened by d to cover q*d16).
-    Float formats: K/8 sequential adds per lane + products + 3 tree levels + K mod 8 tail
-    -> (K/8 + 12) * u * sum |w||x|.
+    Float formats: K/32 sequential adds per lane + products + 5 tree levels + K mod 32
+    tail -> (K/32 + 38) * u * sum |w||x|.
     """
     ax = np.abs(x).astype(np.float64)
     k = x.shape[1]
     if qt in FLOATS:
-        return (k // 8 + 12) * U * (ax @ np.abs(widen(w, qt)).astype(np.float64).T)
+        return (k // 32 + 38) * U * (ax @ np.abs(widen(w, qt)).astype(np.float64).T)
     nb = k // 32
     d = ax.reshape(x.shape[0], nb, 32).max(-1) / 127                      # (M, nb)
     codes, dw, mw = parse_blocks(w, qt)
@@ -153,7 +155,7 @@ def problems(draw, types=ALL, max_m: int = 9):
     qt = draw(st.sampled_from(types))
     m = draw(st.integers(1, max_m))
     n = draw(st.integers(1, 21))          # covers 8-row tiles and the padded tail tile
-    k = 32 * draw(st.integers(1, 6)) + (draw(st.integers(0, 7)) if qt in FLOATS else 0)
+    k = 32 * draw(st.integers(1, 6)) + (draw(st.integers(0, 31)) if qt in FLOATS else 0)
     rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
     w = make_weights(qt, n, k, rng, raw=draw(st.booleans()))
     x = (rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-1, 1, (m, 1))).astype(np.float32)
@@ -240,10 +242,12 @@ def test_portable_ir_path_matches_default_path(qt):
     def run(w, xq, xsum, xd, xs, k, acc):
         nb = k // 32
         for b in range(nb):
-            tile(w, 0, w.shape[0] // 8, b, xq, xsum, xd, xs, k, nb, 0, xsum.shape[0] // nb, acc, 0, 8)
+            tile(w, 0, w.shape[0] // 8, b, xq, xsum, xd, xs, k, nb, 0, xsum.shape[0] // nb,
+                 acc, 0, 8)
 
     rng = np.random.default_rng(3)
-    w, x = make_weights(qt, 8, 128, rng, raw=True), rng.standard_normal((3, 128)).astype(np.float32)
+    w = make_weights(qt, 8, 128, rng, raw=True)
+    x = rng.standard_normal((3, 128)).astype(np.float32)
     act = quantize_q8(x)
     acc = np.zeros(3 * 8, np.float32)
     run(w.reshape(-1), act.q.reshape(-1), act.qsum.reshape(-1), act.d.reshape(-1),
@@ -251,12 +255,17 @@ def test_portable_ir_path_matches_default_path(qt):
     assert np.array_equal(acc.reshape(3, 8), matmul(w, qt, x))
 
 
-def test_matmul_rejects_mismatched_shapes():
+def test_bad_shapes_and_ids_are_rejected():
     w = make_weights(T.Q8_0, 4, 64, np.random.default_rng(0), raw=True)
+    mm, gr = legacy.MATMUL[int(T.Q8_0)], legacy.GET_ROWS[int(T.Q8_0)]
     with pytest.raises(ValueError):
-        legacy.MATMUL[int(T.Q8_0)](w, np.zeros((1, 96), np.float32), np.zeros((1, 4), np.float32))
+        mm(w, np.zeros((1, 96), np.float32), np.zeros((1, 4), np.float32))
     with pytest.raises(ValueError):
-        legacy.MATMUL[int(T.Q8_0)](w, np.zeros((1, 64), np.float32), np.zeros((1, 5), np.float32))
+        mm(w, np.zeros((1, 64), np.float32), np.zeros((1, 5), np.float32))
+    with pytest.raises(IndexError):
+        gr(w, np.array([4]), np.zeros((1, 64), np.float32))
+    with pytest.raises(ValueError):
+        gr(w, np.array([3]), np.zeros((1, 32), np.float32))
 
 
 # ---------------------------------------------------------------------------- get_rows

@@ -1,0 +1,274 @@
+"""Benchmarks behind `specdec bench` (and benchmarks/decode.py): decode speed per model, and
+speculative against plain generation per target/draft pair; JSON plus PNG plots.
+
+decode       for each model: load (timed), compile/warm the kernels once (timed apart), then
+             pp64 = one batched forward over 64 prompt tokens, tg64 = 64 greedy decode steps
+             one token at a time; each the best of `repeats` runs.  Tokens/s, weight bytes
+             read per decoded token and the GB/s that makes, beside llama.cpp's figures.
+speculative  for each pair and each prompt (in the target's chat template): plain greedy
+             generation, then speculative greedy generation for each draft length; tokens/s
+             (best of `repeats`), acceptance, tokens per step, predicted acceptance
+             1 - TV(p, q), speedup, and whether the tokens were identical (they must be).
+
+Numbers are end-to-end wall-clock on whatever else the machine is doing; machine_info()
+goes into every JSON file so that a result says where it came from.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+# llama.cpp on this machine kind (2 cores, AVX-512), llama-bench -t 2 -p 64 -n 64, tokens/s
+LLAMACPP = {
+    "qwen2.5-coder-1.5b-instruct-q4_k_m": {"pp64": 110.0, "tg64": 15.4},
+    "qwen2.5-coder-0.5b-instruct": {"pp64": 237.0, "tg64": 27.7},
+    "smollm2-135m-instruct-q4_1": {"pp64": 377.0, "tg64": 112.0},
+    "gemma-3-270m-q4_k_m": {"pp64": 653.0, "tg64": 49.9},
+}
+DECODE_MODELS = ["smollm2-135m-instruct-q4_1", "qwen2.5-coder-0.5b-instruct",
+                 "qwen2.5-coder-1.5b-instruct-q4_k_m", "gemma-3-270m-q4_k_m"]
+PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+    "Explain in three sentences what a hash table is and why lookups are fast.",
+    "Rename the variable `x` to `count` in this code and return the whole code:\n"
+    "def f(items):\n    x = 0\n    for item in items:\n        if item:\n            x += 1\n"
+    "    return x\n",
+)
+Log = Callable[[str], None]
+
+
+# ---- facts and files -------------------------------------------------------------------------
+
+def machine_info() -> dict:
+    cpu = "?"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import numba
+    return {"cpu": cpu, "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
+            "python": platform.python_version(), "numba": numba.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def write_json(path: Path, obj) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.partial")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes of weights a decode step reads: every tensor but the embedding table, which is
+    read one row per token — unless the output head is tied to it (then it is read whole)."""
+    gf = model.gguf
+    total = sum(t.n_bytes for t in gf.tensors.values())
+    tied = "output.weight" not in gf.tensors
+    return total if tied else total - gf.tensors["token_embd.weight"].n_bytes
+
+
+def roofline(out_dir: Path) -> dict | None:
+    p = Path(out_dir) / "bandwidth.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _warm(model) -> float:
+    t = time.perf_counter()
+    model.session(4).eval([1, 2])                          # JIT compile or load from cache
+    model.session(4).eval([1])
+    return time.perf_counter() - t
+
+
+# ---- decode ----------------------------------------------------------------------------------
+
+def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: int = 3) -> dict:
+    import specdec
+    t = time.perf_counter()
+    m = specdec.load(model_id, n_ctx=n_pp + n_tg + 8)
+    load_s = time.perf_counter() - t
+    warm_s = _warm(m)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(100, min(m.config.n_vocab, 30000), n_pp).tolist()
+    pp_best, tg_best = 0.0, 0.0
+    for _ in range(repeats):
+        s = m.session()
+        t = time.perf_counter()
+        logits = s.eval(prompt, last_only=True)[-1]
+        pp_best = max(pp_best, n_pp / (time.perf_counter() - t))
+        tok = int(np.argmax(logits))
+        t = time.perf_counter()
+        for _ in range(n_tg):
+            tok = int(np.argmax(s.eval([tok])[-1]))
+        tg_best = max(tg_best, n_tg / (time.perf_counter() - t))
+    wb = weight_bytes_per_token(m)
+    ref = LLAMACPP.get(model_id, {})
+    return {"model": model_id, "load_s": round(load_s, 2), "compile_or_warm_s": round(warm_s, 2),
+            "pp64_tok_s": round(pp_best, 2), "tg64_tok_s": round(tg_best, 2),
+            "weight_bytes_per_token": wb, "tg_gb_s": round(wb * tg_best / 1e9, 2),
+            "llamacpp_pp64_tok_s": ref.get("pp64"), "llamacpp_tg64_tok_s": ref.get("tg64"),
+            "tg_vs_llamacpp": round(tg_best / ref["tg64"], 3) if ref else None,
+            "pp_vs_llamacpp": round(pp_best / ref["pp64"], 3) if ref else None}
+
+
+def bench_decode(models: Sequence[str], out_dir: Path, repeats: int = 3, log: Log = print) -> dict:
+    """decode.json (+ roofline fractions when out_dir holds bandwidth.json)."""
+    bw = roofline(Path(out_dir))
+    rows = []
+    for mid in models:
+        r = bench_decode_model(mid, repeats=repeats)
+        if bw:
+            r["roofline_fraction"] = round(r["tg_gb_s"] / bw["all_threads_gbs"], 3)
+        rows.append(r)
+        log(f"decode  {mid:38s} pp64 {r['pp64_tok_s']:7.1f} tok/s   tg64 {r['tg64_tok_s']:6.1f} tok/s"
+            f"   (llama.cpp {r['llamacpp_tg64_tok_s'] or '-'})")
+    result = {"machine": machine_info(), "bandwidth": bw, "results": rows}
+    write_json(Path(out_dir) / "decode.json", result)
+    return result
+
+
+# ---- speculative -----------------------------------------------------------------------------
+
+def bench_pair(target_id: str, draft_id: str, n_predict: int = 64,
+               draft_ns: Sequence[int] = (2, 4, 6), repeats: int = 1,
+               prompts: Sequence[str] = PROMPTS, log: Log = print) -> dict:
+    """Plain vs speculative greedy generation, per prompt and draft length."""
+    import specdec
+    target, draft = specdec.load(target_id), specdec.load(draft_id)
+    _warm(target), _warm(draft)
+    runs = []
+    for i, text in enumerate(prompts):
+        prompt = target.chat_prompt([{"role": "user", "content": text}])
+        plain = _best(lambda: target.generate(prompt, n_predict), repeats)
+        row = {"prompt": i, "n_prompt": len(plain.prompt_ids), "plain_tokens": len(plain.ids),
+               "plain_tok_s": round(plain.timings.tokens_per_s, 3), "speculative": []}
+        for n in draft_ns:
+            spec = _best(lambda: target.generate(prompt, n_predict, draft=draft, draft_n=n,
+                                                 draft_policy="fixed"), repeats)
+            s = spec.stats
+            row["speculative"].append({
+                "draft_n": n, "tokens": len(spec.ids), "tok_s": round(spec.timings.tokens_per_s, 3),
+                "speedup": round(spec.timings.tokens_per_s / plain.timings.tokens_per_s, 3),
+                "identical": spec.ids == plain.ids, "acceptance": round(s.acceptance_rate, 4),
+                "tokens_per_step": round(s.tokens_per_step, 3),
+                "predicted_acceptance": round(s.predicted_acceptance, 4),
+                "measured_acceptance": round(s.measured_acceptance, 4),
+                "draft_s": round(s.draft_s, 3), "verify_s": round(s.verify_s, 3)})
+            r = row["speculative"][-1]
+            log(f"spec    {target_id} + {draft_id} prompt {i} draft_n {n}: {r['tok_s']:.2f} tok/s "
+                f"vs {row['plain_tok_s']:.2f} plain = {r['speedup']:.2f}x, acceptance "
+                f"{r['acceptance']:.0%}, identical {r['identical']}")
+        runs.append(row)
+    summary = []
+    for j, n in enumerate(draft_ns):
+        spec_time = sum(r["speculative"][j]["tokens"] / r["speculative"][j]["tok_s"] for r in runs)
+        plain_time = sum(r["plain_tokens"] / r["plain_tok_s"] for r in runs)
+        tokens = sum(r["speculative"][j]["tokens"] for r in runs)
+        summary.append({"draft_n": n, "tok_s": round(tokens / spec_time, 3),
+                        "plain_tok_s": round(sum(r["plain_tokens"] for r in runs) / plain_time, 3),
+                        "speedup": round(plain_time / spec_time, 3),
+                        "acceptance": round(float(np.mean([r["speculative"][j]["acceptance"] for r in runs])), 4),
+                        "predicted_acceptance": round(float(np.mean(
+                            [r["speculative"][j]["predicted_acceptance"] for r in runs])), 4),
+                        "all_identical": all(r["speculative"][j]["identical"] for r in runs)})
+    return {"target": target_id, "draft": draft_id, "n_predict": n_predict, "runs": runs,
+            "summary": summary}
+
+
+def _best(fn, repeats: int):
+    best = None
+    for _ in range(max(1, repeats)):
+        out = fn()
+        if best is None or out.timings.tokens_per_s > best.timings.tokens_per_s:
+            best = out
+    return best
+
+
+def bench_speculative(pairs: Sequence[tuple[str, str]], out_dir: Path, n_predict: int = 64,
+                      draft_ns: Sequence[int] = (2, 4, 6), repeats: int = 1,
+                      log: Log = print) -> dict:
+    result = {"machine": machine_info(), "prompts": list(PROMPTS),
+              "pairs": [bench_pair(t, d, n_predict, draft_ns, repeats, log=log) for t, d in pairs]}
+    write_json(Path(out_dir) / "speculative.json", result)
+    return result
+
+
+# ---- plots -----------------------------------------------------------------------------------
+
+def plot_decode(result: dict, path: Path) -> Path:
+    from .report import pyplot
+    plt = pyplot()
+    rows = result["results"]
+    x = np.arange(len(rows))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, ref, title in ((axes[0], "pp64_tok_s", "llamacpp_pp64_tok_s", "prompt processing (pp64)"),
+                                (axes[1], "tg64_tok_s", "llamacpp_tg64_tok_s", "decode (tg64)")):
+        ax.bar(x - 0.2, [r[key] for r in rows], 0.4, label="specdec")
+        ax.bar(x + 0.2, [r[ref] or 0 for r in rows], 0.4, label="llama.cpp", color="0.7")
+        ax.set_xticks(x, [r["model"].split("-instruct")[0] for r in rows], rotation=20, fontsize=8)
+        ax.set_ylabel("tokens/s")
+        ax.set_title(title)
+        ax.legend()
+    fig.suptitle(f"decode speed, {result['machine']['cores']} cores", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_speculative(result: dict, path: Path) -> Path:
+    from .report import pyplot
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for pair in result["pairs"]:
+        ns = [s["draft_n"] for s in pair["summary"]]
+        label = f"{pair['target'].split('-instruct')[0]} + {pair['draft'].split('-instruct')[0]}"
+        axes[0].plot(ns, [s["speedup"] for s in pair["summary"]], "o-", label=label)
+        axes[1].plot(ns, [s["acceptance"] for s in pair["summary"]], "o-", label=f"{label}: measured")
+        axes[1].plot(ns, [s["predicted_acceptance"] for s in pair["summary"]], "x--",
+                     label=f"{label}: 1 - TV(p, q)")
+    axes[0].axhline(1.0, color="0.5", lw=0.8)
+    axes[0].set_xlabel("draft length N")
+    axes[0].set_ylabel("speedup over the target alone")
+    axes[1].set_xlabel("draft length N")
+    axes[1].set_ylabel("acceptance")
+    axes[1].set_ylim(0, 1)
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.suptitle("speculative decoding, greedy", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def default_out_dir() -> Path:
+    return Path(f"specdec-bench-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+
+
+def run(out_dir: Path, models: Sequence[str] = (), pairs: Sequence[tuple[str, str]] = (),
+        n_predict: int = 64, draft_ns: Sequence[int] = (2, 4, 6), repeats: int = 1,
+        log: Log = print) -> list[Path]:
+    """Everything `specdec bench` does; returns the files written."""
+    from .report import pyplot
+    pyplot()                                               # fail before hours of benchmarking
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    if models:
+        res = bench_decode(models, out_dir, repeats=repeats, log=log)
+        written += [out_dir / "decode.json", plot_decode(res, out_dir / "decode.png")]
+    if pairs:
+        res = bench_speculative(pairs, out_dir, n_predict, draft_ns, repeats, log=log)
+        written += [out_dir / "speculative.json", plot_speculative(res, out_dir / "speculative.png")]
+    return written

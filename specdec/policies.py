@@ -1,0 +1,237 @@
+"""Draft-length policies: how many tokens to draft at each speculative step.
+
+p is always the target's distribution, q the draft's.  Before each step generate_speculative
+asks the policy for n (`next_n()`, 0..policy.n_max, then capped by the remaining budget and
+context); after verification it reports what happened (`observe(StepFeedback)`).  Any policy
+keeps the output law exact: n is a function of the past only, and each step of Leviathan et
+al. 2023, Algorithm 1 is exact given its past, whatever n it drafts.
+
+  FixedLength(n)            always n.
+  Threshold(n, p_min)       up to n, and a model drafter stops early once its confidence (top
+                            plain-softmax probability) falls below p_min: llama.cpp's
+                            --draft-max / --draft-p-min, specdec's default.  The stop happens
+                            inside the drafter; make_drafter hands it `policy.p_min`.
+  AdaptiveLength(n_max)     n maximising expected tokens per second from online estimates of
+                            the acceptance rate and the costs (below).
+
+AdaptiveLength, after Leviathan et al. 2023, §3.3 (Theorem 3.8, Corollary 3.9).  With
+per-position acceptance alpha (i.i.d. model), a step that drafts n tokens emits on average
+
+    E(n) = (1 - alpha^(n+1)) / (1 - alpha)                       (n + 1 when alpha = 1)
+
+tokens and costs T(n) = n * d + v(n) seconds: d the draft time per drafted token, v(n) the
+verify pass over n + 1 rows.  v is not flat on a CPU: it is fitted online as v(n) = a + b*n
+by exponentially weighted least squares, pulled towards a prior slope b = growth_prior * a
+while the observed n do not spread enough to fit it.  The policy picks n in n_min..n_max
+maximising E(n) / T(n).  alpha is an exponential moving average over verified positions
+(each an accept / reject outcome), d one over steps that drafted.  In the paper's units,
+c = d / a is the cost coefficient and b / a the verify cost growth per extra row
+(`estimates()`).  Estimates are kept per draft source (Draft.source): a hybrid drafter's
+prompt-lookup steps (d ~ 0, often alpha ~ 1) and model steps differ; the next step is
+assumed to come from the same source as the last one (sources come in runs).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from .errors import ConfigError
+
+DRAFT_N_MAX = 16
+POLICY_NAMES = ("fixed", "threshold", "adaptive")
+
+
+@dataclass(frozen=True)
+class StepFeedback:
+    """What one verification step saw, reported to the policy."""
+    source: str             # which drafter drafted (Draft.source)
+    n_asked: int            # n_max the drafter was given (after caps)
+    n_drafted: int          # tokens it proposed
+    n_verified: int         # drafted positions verification reached
+    n_accepted: int         # of which accepted
+    draft_s: float          # drafter time (propose + accept)
+    verify_s: float         # target pass over n_drafted + 1 rows, p, acceptance rule, rollback
+
+
+class DraftPolicy(Protocol):
+    n_max: int              # the largest n next_n ever returns
+    p_min: float            # confidence floor for model drafters (0: never stop early)
+
+    def reset(self) -> None: ...
+
+    def next_n(self) -> int: ...
+
+    def observe(self, fb: StepFeedback) -> None: ...
+
+
+def check_draft_n(draft_n: int) -> None:
+    if int(draft_n) != draft_n or not 1 <= draft_n <= DRAFT_N_MAX:
+        raise ConfigError(f"--draft-max must be in 1..{DRAFT_N_MAX}, got {draft_n}")
+
+
+def _check_p(p_min: float) -> None:
+    if not 0.0 <= p_min <= 1.0:
+        raise ConfigError(f"--draft-p-min must be in [0, 1], got {p_min}")
+
+
+class FixedLength:
+    """Draft n tokens every step."""
+
+    def __init__(self, n: int):
+        check_draft_n(n)
+        self.n_max, self.p_min = int(n), 0.0
+
+    def reset(self) -> None:
+        pass
+
+    def next_n(self) -> int:
+        return self.n_max
+
+    def observe(self, fb: StepFeedback) -> None:
+        pass
+
+
+class Threshold(FixedLength):
+    """Up to n tokens; model drafters stop once their confidence is below p_min."""
+
+    def __init__(self, n: int, p_min: float):
+        super().__init__(n)
+        _check_p(p_min)
+        self.p_min = float(p_min)
+
+
+def expected_tokens(alpha: float, n: int) -> float:
+    """E(n) = (1 - alpha^(n+1)) / (1 - alpha): tokens one step emits (Leviathan et al. Eq. 1)."""
+    return n + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (n + 1)) / (1.0 - alpha)
+
+
+def best_n(alpha: float, draft_s: float, verify_a: float, verify_b: float,
+           n_min: int, n_max: int) -> int:
+    """argmax over n in n_min..n_max of E(n) / (n * draft_s + verify_a + verify_b * n);
+    the smallest such n on ties."""
+    best, best_rate = n_min, -1.0
+    for n in range(n_min, n_max + 1):
+        rate = expected_tokens(alpha, n) / max(n * draft_s + verify_a + verify_b * n, 1e-12)
+        if rate > best_rate * (1 + 1e-12):
+            best, best_rate = n, rate
+    return best
+
+
+@dataclass
+class _Estimates:
+    """Online estimates for one draft source: the mutable state of AdaptiveLength (not frozen
+    on purpose; never leaves the policy, `estimates()` returns plain copies)."""
+    alpha: float
+    draft_s: float | None = None           # seconds per drafted token
+    w: float = 0.0                         # exponentially weighted sums for v(n) = a + b*n
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    n_verified: int = 0
+    n_steps: int = 0
+
+    def verify_line(self, growth_prior: float, prior_weight: float) -> tuple[float, float] | None:
+        """(a, b) of v(n) = a + b*n: least squares, with a ridge pull of b towards
+        growth_prior * a; None before any step."""
+        if self.w <= 0.0:
+            return None
+        mx, my = self.sx / self.w, self.sy / self.w
+        var = self.sxx / self.w - mx * mx                 # spread of the observed n
+        cov = self.sxy / self.w - mx * my
+        a0 = max(my / (1.0 + growth_prior * mx), 1e-9)    # intercept if the prior slope held
+        b = (cov + prior_weight * growth_prior * a0) / (var + prior_weight)
+        b = max(b, 0.0)
+        a = max(my - b * mx, 1e-9)
+        return a, b
+
+
+class AdaptiveLength:
+    """n maximising expected tokens per second (module docstring); n in n_min..n_max.
+
+    alpha_prior / alpha_decay: starting acceptance and its EMA weight per verified position;
+    cost_decay: EMA weight per step of the costs; growth_prior: assumed verify growth per
+    extra row (fraction of a single-row pass) until measured; n_init: n before any cost is
+    known."""
+
+    def __init__(self, n_max: int = DRAFT_N_MAX, n_min: int = 1, n_init: int = 4,
+                 alpha_prior: float = 0.6, alpha_decay: float = 0.05, cost_decay: float = 0.1,
+                 growth_prior: float = 0.05, prior_weight: float = 0.5):
+        check_draft_n(n_max)
+        if not 0 <= n_min <= n_max:
+            raise ConfigError(f"adaptive draft length: need 0 <= n_min <= n_max, got {n_min}, {n_max}")
+        for name, v in (("alpha_prior", alpha_prior), ("alpha_decay", alpha_decay),
+                        ("cost_decay", cost_decay)):
+            if not 0.0 <= v <= 1.0:
+                raise ConfigError(f"adaptive draft length: {name} must be in [0, 1], got {v}")
+        self.n_max, self.n_min, self.p_min = int(n_max), int(n_min), 0.0
+        self.n_init = min(max(int(n_init), self.n_min), self.n_max)
+        self.alpha_prior, self.alpha_decay, self.cost_decay = alpha_prior, alpha_decay, cost_decay
+        self.growth_prior, self.prior_weight = float(growth_prior), float(prior_weight)
+        self.reset()
+
+    def reset(self) -> None:
+        self._est: dict[str, _Estimates] = {}
+        self._last_source: str | None = None
+        self.history: list[int] = []                       # n returned by each next_n
+
+    def next_n(self) -> int:
+        n = self._choose()
+        self.history.append(n)
+        return n
+
+    def _choose(self) -> int:
+        e = self._est.get(self._last_source) if self._last_source is not None else None
+        if e is None or e.draft_s is None:
+            return self.n_init
+        line = e.verify_line(self.growth_prior, self.prior_weight)
+        if line is None:
+            return self.n_init
+        return best_n(e.alpha, e.draft_s, line[0], line[1], self.n_min, self.n_max)
+
+    def observe(self, fb: StepFeedback) -> None:
+        e = self._est.setdefault(fb.source, _Estimates(alpha=self.alpha_prior))
+        self._last_source = fb.source
+        e.n_steps += 1
+        lam = self.alpha_decay
+        for j in range(fb.n_verified):                     # accepted ones first, then a rejection
+            e.alpha += lam * ((1.0 if j < fb.n_accepted else 0.0) - e.alpha)
+        e.n_verified += fb.n_verified
+        mu = self.cost_decay
+        if fb.n_drafted > 0:
+            per = fb.draft_s / fb.n_drafted
+            e.draft_s = per if e.draft_s is None else e.draft_s + mu * (per - e.draft_s)
+        elif e.draft_s is None and fb.n_asked > 0:
+            e.draft_s = fb.draft_s                         # asked, proposed nothing: a cost still
+        keep, x, y = 1.0 - mu, float(fb.n_drafted), float(fb.verify_s)
+        e.w, e.sx, e.sy = keep * e.w + 1.0, keep * e.sx + x, keep * e.sy + y
+        e.sxx, e.sxy = keep * e.sxx + x * x, keep * e.sxy + x * y
+
+    def estimates(self) -> dict[str, dict[str, float | int | None]]:
+        """Per source: alpha, c = d / a (draft cost per token over one verify row), growth =
+        b / a (verify cost per extra row), a (seconds), and the counts behind them."""
+        out = {}
+        for src, e in self._est.items():
+            line = e.verify_line(self.growth_prior, self.prior_weight)
+            a, b = line if line else (math.nan, math.nan)
+            out[src] = {"alpha": e.alpha, "verify_a_s": a,
+                        "c": (e.draft_s / a) if (e.draft_s is not None and line) else None,
+                        "growth": b / a if line else None,
+                        "n_steps": e.n_steps, "n_verified": e.n_verified}
+        return out
+
+
+def make_policy(policy: "str | DraftPolicy", draft_n: int = 5, draft_p: float = 0.9) -> DraftPolicy:
+    """A policy object from a name: 'fixed' (draft_n), 'threshold' (draft_n, draft_p) or
+    'adaptive' (n in 1..draft_n); a policy object is returned unchanged."""
+    if not isinstance(policy, str):
+        check_draft_n(policy.n_max)
+        return policy
+    if policy == "fixed":
+        return FixedLength(draft_n)
+    if policy == "threshold":
+        return Threshold(draft_n, draft_p)
+    if policy == "adaptive":
+        return AdaptiveLength(n_max=draft_n, n_init=min(4, draft_n))
+    raise ConfigError(f"--draft-policy must be one of {', '.join(POLICY_NAMES)}, got {policy!r}")

@@ -1,0 +1,146 @@
+"""The CLI as a user meets it: `specdec ...` in a subprocess, on tiny synthetic models.
+
+Exit codes (0 ok, 2 bad input with one line on stderr and no traceback), help texts, streaming
+order (generated text before the summary), colours, traces and their report, chat over a pipe.
+Bad flags and bad files are covered in test_bad_input.py."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from synth import TinySpec, write_tiny_model
+
+TEMPLATE = ("{% for m in messages %}{{ m['role'][0] | upper }}{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}A{% endif %}")
+SUMMARY = re.compile(r"^specdec: \d+ tokens in [\d.]+ s = [\d.]+ tok/s; ", re.M)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    return {
+        "target": str(write_tiny_model(d / "target.gguf", TinySpec(n_vocab=52, chat_template=TEMPLATE))),
+        "draft": str(write_tiny_model(d / "draft.gguf", TinySpec(n_vocab=52, seed=1, d_model=32, n_layer=1))),
+        "other": str(write_tiny_model(d / "other.gguf", TinySpec(n_vocab=300, seed=2))),
+        "dir": d,
+    }
+
+
+def cli(*args, merge=False, stdin=None, env=None, timeout=240):
+    return subprocess.run([sys.executable, "-m", "specdec.cli", *map(str, args)], input=stdin,
+                          capture_output=not merge, stdout=subprocess.PIPE if merge else None,
+                          stderr=subprocess.STDOUT if merge else None, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def one_line_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("specdec: error:")]
+    assert len(errors) == 1, r.stderr
+    for n in needles:
+        assert n in errors[0], (n, errors[0])
+
+
+def test_help_reads_like_llama_cli():
+    top = cli("--help")
+    assert top.returncode == 0
+    for cmd in ("run", "chat", "info", "pull", "models", "trace-report", "bench"):
+        assert cmd in top.stdout
+    run = cli("run", "--help")
+    assert run.returncode == 0
+    for flag in ("-m, --model FNAME", "-md, --draft-model", "--draft-n", "--draft-p", "-p, --prompt",
+                 "-f, --file FNAME", "-n, --n-predict N", "-c, --ctx-size N", "-t, --threads N",
+                 "-s, --seed SEED", "--temp N", "--top-k N", "--top-p N", "--min-p N", "--ignore-eos",
+                 "-sys, --system-prompt", "-cnv, --conversation", "--no-display-prompt",
+                 "-ngl, --n-gpu-layers", "--raw", "--color", "--compare", "--trace", "examples:"):
+        assert flag in run.stdout, flag
+    for cmd in ("chat", "trace-report", "bench"):
+        r = cli(cmd, "--help")
+        assert r.returncode == 0 and "usage: specdec " + cmd in r.stdout
+
+
+def test_speculative_run_streams_before_the_summary(tiny):
+    """Merged stdout + stderr: progress, then the text as it is accepted, then one summary."""
+    r = cli("run", "-m", tiny["target"], "-md", tiny["draft"], "-p", "hello", "-n", 24, "--ignore-eos",
+            "--draft-n", 3, "--draft-p", 0, "--compare", "--color", "-ngl", 99, "-t", 1, merge=True)
+    assert r.returncode == 0, r.stdout
+    out = r.stdout
+    assert "note: -ngl ignored" in out and "kernels ready" in out
+    text_at = out.index("hello\n")                            # the echoed user prompt ...
+    summary = SUMMARY.search(out)
+    assert summary and text_at < summary.start()
+    generated = out[text_at + len("hello\n"): summary.start()]
+    assert re.search(r"\x1b\[3[214]m[a-zA-Z]+\x1b\[0m", generated)    # ... then coloured tokens
+    line = out[summary.start():].splitlines()[0]
+    assert "24 tokens" in line and "acceptance" in line and "speedup" in line and "same tokens" in line
+    assert out[summary.start():].count("\n") == 1             # one line, nothing after it
+
+
+def test_trace_and_trace_report(tiny, tmp_path):
+    trace, png, prompt = tmp_path / "t.jsonl", tmp_path / "r.png", tmp_path / "prompt.txt"
+    prompt.write_text("hello")
+    r = cli("run", "-m", tiny["target"], "-md", tiny["draft"], "-f", prompt, "--raw", "-c", 48, "-n", -1,
+            "--ignore-eos", "--draft-n", 4, "--draft-p", 0, "--temp", 1.0, "-s", 7, "--trace", trace, "-v",
+            "--no-display-prompt")
+    assert r.returncode == 0, r.stderr
+    assert "specdec:" not in r.stdout and r.stdout.strip()    # stdout: only the generated text
+    assert "stop: ctx_full" in r.stderr and "acceptance by draft position" in r.stderr
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert records and {"drafted", "accepted", "alpha", "ratio"} <= set(records[0])
+    rep = cli("trace-report", trace, "-o", png)
+    assert rep.returncode == 0, rep.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"{len(records)} steps" in rep.stdout and "predicted 1 - TV(p, q)" in rep.stdout
+    default = cli("trace-report", trace)
+    assert default.returncode == 0 and trace.with_suffix(".png").exists()
+
+
+def test_trace_report_bad_files(tmp_path):
+    one_line_error(cli("trace-report", tmp_path / "none.jsonl"), "none.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 0}\n')
+    one_line_error(cli("trace-report", bad), "bad.jsonl", "line 1 is not a trace record")
+
+
+def test_incompatible_pair_is_one_line(tiny):
+    one_line_error(cli("run", "-m", tiny["target"], "-md", tiny["other"], "-p", "hi", "-n", 4),
+                   "other.gguf")
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--temp", "-1"], "--temp"), (["--raw", "-sys", "be brief"], "--raw"),
+    (["-n", "-2"], "--n-predict"), (["-p", "a", "-f", "b"], "exclusive"),
+])
+def test_bad_flags_fail_before_loading(flags, needle):
+    one_line_error(cli("run", "-m", "no-such-model", *flags), needle)
+
+
+def test_chat_over_a_pipe_reuses_the_cache(tiny):
+    r = cli("chat", "-m", tiny["target"], "-md", tiny["draft"], "-sys", "be", "-n", 6, "--ignore-eos",
+            stdin="hello\nagain\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("> hello\n") and "\n> again\n" in r.stdout
+    turns = [line for line in r.stderr.splitlines() if SUMMARY.match(line)]
+    assert len(turns) == 2, r.stderr
+    cached = [int(m) for m in re.findall(r"\((\d+) cached\)", r.stderr)]
+    assert cached[0] == 0 and cached[1] > 0
+
+
+def test_info_and_models(tiny, tmp_path):
+    r = cli("info", tiny["target"])
+    assert r.returncode == 0 and "architecture:  llama" in r.stdout and "52 tokens" in r.stdout
+    from specdec import hub
+    known = hub.list_models()
+    (tmp_path / known[0]["path"].rsplit("/", 1)[-1]).write_bytes(b"GGUF")
+    r = cli("models", env={"SPECDEC_HOME": str(tmp_path)})
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(known)
+    assert "cached at" in lines[0] and all("not downloaded" in line for line in lines[1:])
+    one_line_error(cli("info", "no-such-model"), "unknown model 'no-such-model'")

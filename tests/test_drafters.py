@@ -1,0 +1,383 @@
+"""Drafters other than a model (prompt lookup, hybrid) and draft-length policies: matching
+rules, exactness of the output law for each, per-drafter statistics, API and CLI wiring.
+
+p is always the target's distribution, q the draft's.  Exactness is checked as in
+test_speculative: greedy output identical to plain greedy, and the exact law of the output
+enumerated over every random decision.  Timing-driven policies get a deterministic clock that
+advances with the rows the sessions evaluated (`work_clock`), so enumeration stays possible.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fakes import PAIR_FACTORIES, RELATIONS, enumerate_outcomes
+from specdec.drafters import (HybridDrafter, ModelDrafter, NgramIndex, PromptLookupDrafter,
+                              make_drafter)
+from specdec.errors import ConfigError, SpecdecError
+from specdec.generate import generate_plain
+from specdec.policies import (AdaptiveLength, FixedLength, StepFeedback, Threshold, best_n,
+                              expected_tokens, make_policy)
+from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
+from specdec.speculative import generate_speculative
+from test_speculative import ListTrace, factories, sampling_params, target_law
+
+KINDS = ("lookup", "hybrid", "adaptive-model", "adaptive-lookup", "adaptive-hybrid")
+
+
+def work_clock(target, draft=None, c: float = 0.3, growth: float = 0.1):
+    """Seconds = work done: 1 per target pass, `growth` per target row, `c` per draft row."""
+    return lambda: (target.n_evals + growth * target.n_rows
+                    + c * (draft.n_rows if draft is not None else 0))
+
+
+def build(kind: str, target, draft, params, draft_n: int, draft_p: float = 0.0, ngram_max=2):
+    """(drafter, policy) for one of KINDS."""
+    lookup = PromptLookupDrafter(target.n_vocab, ngram_max=ngram_max, ngram_min=1)
+    model = ModelDrafter(draft, params, draft_p)
+    drafter = {"lookup": lookup, "hybrid": HybridDrafter(lookup, model),
+               "adaptive-model": model, "adaptive-lookup": lookup,
+               "adaptive-hybrid": HybridDrafter(lookup, model)}[kind]
+    if kind.startswith("adaptive"):
+        policy = AdaptiveLength(n_max=draft_n, n_init=min(2, draft_n), alpha_decay=0.3)
+    else:
+        policy = Threshold(draft_n, draft_p)
+    return drafter, policy
+
+
+# ---- prompt lookup: the matching rule ---------------------------------------------------------
+
+def lookup_reference(ctx, n_max, ngram_min, ngram_max):
+    """Brute force: longest suffix n-gram with an earlier occurrence, its latest occurrence,
+    overlapping copy."""
+    L = len(ctx)
+    for n in range(min(ngram_max, L - 1), ngram_min - 1, -1):
+        ends = [e for e in range(n, L) if ctx[e - n: e] == ctx[L - n:]]
+        if ends:
+            ext = list(ctx)
+            for k in range(n_max):
+                ext.append(ext[ends[-1] + k])
+            return ext[L:]
+    return []
+
+
+def test_lookup_longest_ngram_then_most_recent_occurrence():
+    d = PromptLookupDrafter(10, ngram_max=3)
+    rng = NumpyRandom(0)
+    #        (2,3) ends at 3 and 7; the suffix (1,2,3) has no earlier occurrence
+    ctx = [5, 2, 3, 4, 6, 2, 3, 7, 1, 2, 3]
+    assert d.match(ctx) == (2, 7)
+    assert d.propose(ctx, 3, rng).tokens == (7, 1, 2)
+    ctx = [1, 2, 3, 4, 9, 2, 3, 7, 1, 2, 3]           # now (1,2,3) occurs: longer beats more recent
+    assert d.match(ctx) == (3, 3)
+    assert d.propose(ctx, 2, rng).tokens == (4, 9)
+
+
+def test_lookup_overlapping_copy_no_match_and_caps():
+    d = PromptLookupDrafter(6, ngram_max=3)
+    rng = NumpyRandom(0)
+    draft = d.propose([1, 2, 1, 2], 5, rng)            # a period continues as far as asked
+    assert draft.tokens == (1, 2, 1, 2, 1) and draft.source == "prompt-lookup"
+    np.testing.assert_array_equal(draft.q, np.eye(6)[[1, 2, 1, 2, 1]])   # (n, V) one-hot
+    assert d.propose([0, 0], 3, rng).tokens == (0, 0, 0)
+    assert d.propose([1, 2, 3, 4], 4, rng).tokens == ()   # nothing repeats
+    assert d.propose([3], 4, rng).tokens == ()
+    assert d.propose([1, 2, 1, 2], 0, rng).tokens == ()
+    d2 = PromptLookupDrafter(6, ngram_max=3, ngram_min=2)
+    assert d2.propose([1, 2, 3, 1], 2, rng).tokens == ()  # a 1-gram match is not enough
+    assert d2.propose([1, 2, 3, 1, 2], 2, rng).tokens == (3, 1)
+    for bad in ((0, 2), (3, 2)):
+        with pytest.raises(ConfigError):
+            PromptLookupDrafter(6, ngram_min=bad[0], ngram_max=bad[1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["extend", "extend", "extend", "edit", "shrink"]),
+                          st.lists(st.integers(0, 3), min_size=1, max_size=4)), min_size=1, max_size=12),
+       st.integers(1, 3), st.integers(0, 2), st.integers(0, 6))
+def test_lookup_incremental_index_equals_brute_force(ops, ngram_max, extra, n_max):
+    """However the context evolves (grows, is edited, shrinks: a new request), the index
+    answers like a search over the whole context."""
+    ngram_min = max(1, ngram_max - extra)
+    d = PromptLookupDrafter(4, ngram_max=ngram_max, ngram_min=ngram_min)
+    ctx: list[int] = []
+    for op, toks in ops:
+        if op == "extend":
+            ctx = ctx + toks
+        elif op == "edit" and ctx:
+            ctx = ctx[:-1] + toks
+        else:
+            ctx = ctx[: len(ctx) // 2] + toks
+        got = d.propose(ctx, n_max, NumpyRandom(0)).tokens
+        assert list(got) == lookup_reference(ctx, n_max, ngram_min, ngram_max), ctx
+
+
+def test_ngram_index_is_incremental():
+    idx = NgramIndex(1, 2)
+    idx.sync([1, 2, 3], 2)
+    assert idx.find((1, 2)) == 2 and idx.find((3,)) is None
+    idx.sync([1, 2, 3, 1, 2], 4)                        # extends: (1,) now last ends at 4
+    assert idx.find((1,)) == 4 and idx.find((3, 1)) == 4 and idx.find((1, 2)) == 2
+    idx.sync([7, 2], 1)                                 # not an extension: starts over
+    assert idx.ids == [7, 2] and idx.find((1,)) is None and idx.find((7,)) == 1
+
+
+# ---- exactness: greedy identity and the exact output law --------------------------------------
+
+@factories
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**20), prompt=st.lists(st.integers(0, 7), min_size=1, max_size=10),
+       relation=st.sampled_from(RELATIONS), use_eog=st.booleans())
+def test_greedy_identity_every_drafter_and_policy(factory, seed, prompt, relation, use_eog):
+    target, draft = factory(8, seed, relation)
+    eog = {7} if use_eog else set()
+    want = generate_plain(target, prompt, 24, GREEDY, NumpyRandom(0), eog)
+    for kind in KINDS:
+        for draft_n in (1, 3, 16):
+            drafter, policy = build(kind, target, draft, GREEDY, draft_n, draft_p=0.3)
+            got = generate_speculative(target, drafter, prompt, 24, GREEDY, NumpyRandom(1), eog,
+                                       policy=policy)
+            assert got.ids == want.ids and got.stop_reason == want.stop_reason, (kind, draft_n)
+    for policy in (FixedLength(4), AdaptiveLength(8)):    # the real clock: any timing, same ids
+        got = generate_speculative(target, ModelDrafter(draft, GREEDY), prompt, 24, GREEDY,
+                                   NumpyRandom(2), eog, policy=policy)
+        assert got.ids == want.ids
+
+
+@factories
+def test_lookup_accepts_on_repetitive_greedy_output(factory):
+    """Greedy decoding of these models falls into a cycle, which lookup then copies."""
+    target, _ = factory(8, 3, "good")
+    drafter = PromptLookupDrafter(8, ngram_max=3)
+    res = generate_speculative(target, drafter, [1, 2, 3], 60, GREEDY, NumpyRandom(0), set(), 8)
+    assert res.ids == generate_plain(target, [1, 2, 3], 60, GREEDY, NumpyRandom(0), set()).ids
+    s = res.stats
+    assert s.n_accepted > 20 and s.tokens_per_step > 2.0
+    assert set(s.by_drafter) == {"prompt-lookup"}
+
+
+@factories
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**20), n_vocab=st.integers(3, 4), data=st.data(),
+       n_predict=st.integers(2, 3), draft_n=st.integers(1, 3), relation=st.sampled_from(RELATIONS),
+       params=sampling_params, kind=st.sampled_from(KINDS), use_eog=st.booleans())
+def test_exact_output_law_every_drafter_and_policy(factory, seed, n_vocab, data, n_predict,
+                                                   draft_n, relation, params, kind, use_eog):
+    prompt = data.draw(st.lists(st.integers(0, n_vocab - 1), min_size=1, max_size=4))
+    target, draft = factory(n_vocab, seed, relation)
+    eog = {0} if use_eog else set()
+    drafter, policy = build(kind, target, draft, params, draft_n)
+    clock = work_clock(target, draft)
+
+    def run(rng):
+        res = generate_speculative(target, drafter, prompt, n_predict, params, rng, eog,
+                                   policy=policy, clock=clock)
+        return tuple(res.ids), res.stop_reason
+
+    got, want = enumerate_outcomes(run), target_law(target, prompt, n_predict, params, eog)
+    assert abs(sum(got.values()) - 1.0) < 1e-12
+    for key in set(got) | set(want):
+        assert abs(got.get(key, 0.0) - want.get(key, 0.0)) < 1e-9, key
+
+
+@pytest.mark.parametrize("kind", ["lookup", "adaptive-hybrid"])
+def test_exact_output_law_longer(kind):
+    """Deeper: 5 tokens from a repetitive prompt, so lookup drafts multi-token copies."""
+    params = SamplerParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0)
+    target, draft = PAIR_FACTORIES["fake"](3, 5, "bad")
+    drafter, policy = build(kind, target, draft, params, draft_n=4, ngram_max=3)
+    clock = work_clock(target, draft)
+    prompt = [1, 2, 1, 2, 1]
+
+    def run(rng):
+        return tuple(generate_speculative(target, drafter, prompt, 5, params, rng, set(),
+                                          policy=policy, clock=clock).ids)
+
+    got = enumerate_outcomes(run)
+    want = {k[0]: v for k, v in target_law(target, prompt, 5, params, set()).items()}
+    assert set(got) == set(want)
+    assert max(abs(got[k] - want[k]) for k in want) < 1e-9
+
+
+# ---- hybrid: the draft model's cache, statistics per drafter ---------------------------------
+
+@factories
+def test_hybrid_keeps_the_draft_cache_a_prefix_and_reports_per_drafter(factory):
+    params = SamplerParams(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0)
+    target, draft = factory(6, 11, "good")
+    prompt = [1, 2, 3, 4, 1, 2, 3]
+    out: list[int] = []
+    sizes: list[int] = []
+    orig = draft.eval
+    draft.eval = lambda toks, last_only=False: (sizes.append(len(toks)), orig(toks, last_only))[1]
+
+    def check(rec):
+        ctx = prompt + out + list(rec.drafted[: rec.n_accepted]) + [rec.next_token]
+        assert target.tokens == ctx[:-1]
+        assert draft.tokens == ctx[: len(draft.tokens)]
+        out.extend(rec.emitted)
+
+    drafter = HybridDrafter(PromptLookupDrafter(6, ngram_max=2, ngram_min=2),
+                            ModelDrafter(draft, params))
+    res = generate_speculative(target, drafter, prompt, 80, params, NumpyRandom(4), set(),
+                               policy=FixedLength(4), trace=ListTrace(check))
+    s = res.stats
+    assert res.ids == out and set(s.by_drafter) == {"prompt-lookup", "model"}
+    parts = s.by_drafter.values()
+    assert sum(d.n_drafted for d in parts) == s.n_drafted
+    assert sum(d.n_accepted for d in parts) == s.n_accepted
+    assert sum(d.n_verified for d in parts) == s.n_verified
+    assert s.n_steps - 1 <= sum(d.n_steps for d in parts) <= s.n_steps   # a last step may be capped to 0
+    for d in parts:
+        assert 0.0 <= d.predicted_acceptance <= 1.0
+        assert d.measured_acceptance == pytest.approx(d.n_accepted / d.n_verified)
+    # each catch-up after lookup steps is one batched eval, never token by token
+    assert max(sizes) > 2
+    assert draft.n_rows <= len(prompt) + len(res.ids) + s.n_drafted
+
+
+def test_predicted_acceptance_matches_measured_for_prompt_lookup():
+    """q one-hot: the predicted acceptance 1 - TV(p, q) of a copied token is p(x)."""
+    params = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    target, _ = PAIR_FACTORIES["fake"](4, 2, "good", n_ctx=2048)
+    s = generate_speculative(target, PromptLookupDrafter(4, ngram_max=2), [0, 1, 2, 3], 1200,
+                             params, NumpyRandom(5), set(), 3).stats
+    lk = s.by_drafter["prompt-lookup"]
+    se = math.sqrt(0.25 / lk.n_verified)
+    assert lk.n_verified > 300 and abs(lk.predicted_acceptance - lk.measured_acceptance) < 4 * se
+    assert lk.predicted_acceptance == pytest.approx(s.predicted_acceptance)
+
+
+# ---- policies ----------------------------------------------------------------------------------
+
+def test_expected_tokens_and_best_n():
+    assert expected_tokens(0.0, 5) == 1.0 and expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    for alpha in (0.1, 0.5, 0.8, 0.95, 1.0):
+        for d, b in ((0.0, 0.0), (0.05, 0.02), (0.3, 0.1), (1.0, 0.0)):
+            rates = [expected_tokens(alpha, n) / (n * d + 1.0 + b * n) for n in range(1, 17)]
+            assert rates[best_n(alpha, d, 1.0, b, 1, 16) - 1] >= max(rates) * (1 - 1e-9)
+    ns = [best_n(a, 0.1, 1.0, 0.05, 1, 16) for a in (0.2, 0.5, 0.7, 0.8, 0.9, 0.95)]
+    assert ns == sorted(ns) and ns[0] == 1 and ns[-1] > 5          # better drafts, longer
+    ns = [best_n(0.8, c, 1.0, 0.0, 1, 16) for c in (0.0, 0.05, 0.2, 0.5)]
+    assert ns == sorted(ns, reverse=True) and ns[0] == 16          # dearer drafts, shorter
+
+
+def feed(policy, source, alpha, c, growth, steps, rng):
+    """Report `steps` synthetic steps: acceptance alpha, draft c per token, verify 1 + growth*n."""
+    for _ in range(steps):
+        n = policy.next_n()
+        acc = 0
+        while acc < n and rng.random() < alpha:
+            acc += 1
+        policy.observe(StepFeedback(source, n, n, min(n, acc + 1), acc, c * n, 1.0 + growth * n))
+
+
+def test_adaptive_length_learns_alpha_costs_and_sources():
+    rng = np.random.default_rng(0)
+    pol = AdaptiveLength(n_max=16)
+    assert pol.next_n() == 4                                      # n_init before any data
+    feed(pol, "model", 0.3, 0.4, 0.05, 200, rng)
+    assert pol.next_n() == 1
+    feed(pol, "prompt-lookup", 0.97, 0.0, 0.02, 200, rng)
+    assert pol.next_n() == 16                                     # the last source drove it
+    est = pol.estimates()
+    assert est["model"]["alpha"] < 0.5 < 0.9 < est["prompt-lookup"]["alpha"]
+    assert est["model"]["c"] == pytest.approx(0.4, rel=0.1)
+    assert 0.02 <= est["prompt-lookup"]["growth"] <= pol.growth_prior     # n hardly varied: prior
+    pol.reset()
+    assert pol.next_n() == 4 and pol.estimates() == {}
+
+
+def test_adaptive_length_fits_verify_growth_when_n_varies():
+    pol = AdaptiveLength(n_max=16)
+    for i in range(60):
+        n = i % 9
+        pol.observe(StepFeedback("model", n, n, n, n, 0.25 * n, 0.5 * (1.0 + 0.2 * n)))
+    est = pol.estimates()["model"]
+    assert est["growth"] == pytest.approx(0.2, rel=0.1) and est["verify_a_s"] == pytest.approx(0.5, rel=0.05)
+    assert est["c"] == pytest.approx(0.5, rel=0.05) and est["alpha"] > 0.99
+
+
+def test_policy_construction_and_errors():
+    assert isinstance(make_policy("fixed", 3), FixedLength) and make_policy("fixed", 3).p_min == 0
+    t = make_policy("threshold", 6, 0.7)
+    assert (t.n_max, t.p_min, t.next_n()) == (6, 0.7, 6)
+    a = make_policy("adaptive", 12)
+    assert isinstance(a, AdaptiveLength) and a.n_max == 12
+    assert make_policy(a) is a
+    for bad in (lambda: make_policy("greedy"), lambda: FixedLength(0), lambda: FixedLength(17),
+                lambda: Threshold(4, 1.5), lambda: AdaptiveLength(n_max=4, n_min=5)):
+        with pytest.raises(ConfigError) as e:
+            bad()
+        assert "\n" not in str(e.value)
+
+
+def test_policy_asking_too_much_or_nothing():
+    target, draft = PAIR_FACTORIES["fake"](8, 1, "good")
+
+    class Rogue(FixedLength):
+        def next_n(self):
+            return 5
+
+    with pytest.raises(ValueError):
+        generate_speculative(target, ModelDrafter(draft, GREEDY), [1], 5, GREEDY, NumpyRandom(0),
+                             set(), policy=Rogue(3))
+    zero = AdaptiveLength(n_max=4, n_min=0, n_init=0)             # never drafts: plain decoding
+    res = generate_speculative(target, ModelDrafter(draft, GREEDY), [1, 2], 10, GREEDY,
+                               NumpyRandom(0), set(), policy=zero)
+    assert res.ids == generate_plain(target, [1, 2], 10, GREEDY, NumpyRandom(0), set()).ids
+    assert res.stats.n_drafted == 0 and res.stats.by_drafter == {}
+
+
+# ---- construction, API and CLI ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    from synth import TinySpec
+    return tiny_model(TinySpec(n_vocab=24, d_model=16, n_head=2, n_head_kv=1, d_ff=24, seed=3,
+                               logit_scale=4.0))
+
+
+def test_make_drafter_from_names_models_and_objects(tiny):
+    lk = make_drafter("prompt-lookup", tiny, GREEDY, lookup_ngram_min=2, lookup_ngram_max=4)
+    assert isinstance(lk, PromptLookupDrafter) and (lk.ngram_min, lk.ngram_max) == (2, 4)
+    assert lk.n_vocab == tiny.config.n_vocab
+    hy = make_drafter("hybrid", tiny, GREEDY, draft_model=tiny, draft_p=0.5)
+    assert isinstance(hy, HybridDrafter) and hy.model.draft_p == 0.5
+    assert isinstance(make_drafter("model", tiny, GREEDY, draft_model=tiny), ModelDrafter)
+    assert isinstance(make_drafter(tiny, tiny, GREEDY), ModelDrafter)
+    assert make_drafter(lk, tiny, GREEDY) is lk
+    for bad in (lambda: make_drafter("hybrid", tiny, GREEDY), lambda: make_drafter("ngram", tiny, GREEDY),
+                lambda: make_drafter(3, tiny, GREEDY)):
+        with pytest.raises(ConfigError) as e:
+            bad()
+        assert "\n" not in str(e.value)
+
+
+def test_api_generate_with_every_drafter_and_policy(tiny):
+    prompt = "abcabcab"
+    want = tiny.generate(prompt, n_predict=16, ignore_eos=True)
+    for draft, policy in (("prompt-lookup", "threshold"), ("hybrid", "adaptive"),
+                          ("model", "fixed"), (tiny, "adaptive"),
+                          (PromptLookupDrafter(tiny.config.n_vocab), "fixed")):
+        got = tiny.generate(prompt, n_predict=16, ignore_eos=True, draft=draft, draft_model=tiny,
+                            draft_policy=policy, draft_n=6, lookup_ngram_max=2)
+        assert got.ids == want.ids and got.stats is not None, (draft, policy)
+        assert got.stats.by_drafter
+
+
+def test_cli_draft_and_policy_flags(tiny, capsys):
+    from specdec import cli
+    rc = cli.main(["run", "-m", tiny.path, "-p", "abcabcab", "-n", "8", "--ignore-eos", "--raw",
+                   "--draft", "prompt-lookup", "--lookup-ngram-max", "2", "--draft-policy", "adaptive"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "accepted" in err and "prompt-lookup" in err
+    assert cli.main(["run", "-m", tiny.path, "-p", "ab", "-n", "2", "--draft", "hybrid"]) == 2
+    assert "draft model" in capsys.readouterr().err
+    with pytest.raises(SpecdecError):
+        cli.build_parser().parse_args(["run", "--draft-policy", "sometimes"])
