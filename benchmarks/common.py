@@ -112,31 +112,35 @@ def completion_row(out) -> dict:
     return row
 
 
+def _rate(a: float, b: float) -> float:
+    return round(a / b, 4) if b else 0.0
+
+
 def aggregate(rows: list[dict]) -> dict:
     """Pooled over runs: tokens / decode seconds, and count-weighted acceptance figures."""
     n_tok = sum(r["n_tokens"] for r in rows)
     dec = sum(r["decode_s"] for r in rows)
-    out = {"n_runs": len(rows), "n_tokens": n_tok, "decode_s": round(dec, 3),
-           "tok_s": round(n_tok / dec, 3) if dec else 0.0}
-    if rows and "n_steps" in rows[0]:
-        tot = {k: sum(r[k] for r in rows) for k in ("n_steps", "n_drafted", "n_accepted", "n_verified")}
-        pred = sum(r["predicted_acceptance"] * r["n_verified"] for r in rows)
-        out.update(tot, acceptance=round(tot["n_accepted"] / tot["n_drafted"], 4) if tot["n_drafted"] else 0.0,
-                   tokens_per_step=round(n_tok / tot["n_steps"], 3) if tot["n_steps"] else 0.0,
-                   predicted_acceptance=round(pred / tot["n_verified"], 4) if tot["n_verified"] else 0.0,
-                   measured_acceptance=round(tot["n_accepted"] / tot["n_verified"], 4) if tot["n_verified"] else 0.0,
-                   draft_s=round(sum(r["draft_s"] for r in rows), 3),
-                   verify_s=round(sum(r["verify_s"] for r in rows), 3))
-        by: dict = {}
-        for r in rows:
-            for k, d in r["by_drafter"].items():
-                b = by.setdefault(k, {"n_steps": 0, "n_drafted": 0, "n_verified": 0, "n_accepted": 0, "pred": 0.0})
-                for f in ("n_steps", "n_drafted", "n_verified", "n_accepted"):
-                    b[f] += d[f]
-                b["pred"] += d["predicted_acceptance"] * d["n_verified"]
-        out["by_drafter"] = {k: {"n_steps": b["n_steps"], "n_drafted": b["n_drafted"],
-                                 "n_accepted": b["n_accepted"],
-                                 "predicted_acceptance": round(b["pred"] / b["n_verified"], 4) if b["n_verified"] else 0.0,
-                                 "measured_acceptance": round(b["n_accepted"] / b["n_verified"], 4) if b["n_verified"] else 0.0}
-                             for k, b in by.items()}
+    out = {"n_runs": len(rows), "n_tokens": n_tok, "decode_s": round(dec, 3), "tok_s": _rate(n_tok, dec)}
+    if not rows or "n_steps" not in rows[0]:
+        return out
+    tot = {k: sum(r[k] for r in rows) for k in ("n_steps", "n_drafted", "n_accepted", "n_verified")}
+    pred = sum(r["predicted_acceptance"] * r["n_verified"] for r in rows)
+    out.update(tot, acceptance=_rate(tot["n_accepted"], tot["n_drafted"]),
+               tokens_per_step=_rate(n_tok, tot["n_steps"]),
+               predicted_acceptance=_rate(pred, tot["n_verified"]),
+               measured_acceptance=_rate(tot["n_accepted"], tot["n_verified"]),
+               draft_s=round(sum(r["draft_s"] for r in rows), 3),
+               verify_s=round(sum(r["verify_s"] for r in rows), 3))
+    by: dict = {}
+    for r in rows:
+        for k, d in r["by_drafter"].items():
+            b = by.setdefault(k, dict.fromkeys(("n_steps", "n_drafted", "n_verified", "n_accepted", "pred"), 0))
+            for f in ("n_steps", "n_drafted", "n_verified", "n_accepted"):
+                b[f] += d[f]
+            b["pred"] += d["predicted_acceptance"] * d["n_verified"]
+    out["by_drafter"] = {k: {"n_steps": b["n_steps"], "n_drafted": b["n_drafted"],
+                             "n_accepted": b["n_accepted"],
+                             "predicted_acceptance": _rate(b["pred"], b["n_verified"]),
+                             "measured_acceptance": _rate(b["n_accepted"], b["n_verified"])}
+                         for k, b in by.items()}
     return out

@@ -40,6 +40,7 @@ from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic
 
 QK_K = 256
+GROUP = 4             # super-blocks per row visit in the M > 1 drivers
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
@@ -438,98 +439,123 @@ _block_q6_k, _row_q6_k = BLOCK_KERNELS[int(_T.Q6_K)], ROW_KERNELS[int(_T.Q6_K)]
 # in this file so that an edit of the intrinsics above invalidates their cache.)
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q2_k(w, xq, xd, xbs, out, acc):
-    n_rows, n_chunks, n_blocks = out.shape[1], acc.shape[0], xq.shape[1] // QK_K
+def matmul_q2_k(w, xq, xd, xbs, out, acc, n_chunks):
+    n_rows, n_blocks, tile = out.shape[1], xq.shape[1] // QK_K, acc.shape[0] // n_chunks
     for c in prange(n_chunks):
         lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
         if out.shape[0] == 1:
             for n in range(lo, hi):
                 out[0, n] = _row_q2_k(w, n, xq, xd, xbs)
         else:
-            for n in range(lo, hi):
-                for m in range(out.shape[0]):
-                    for lane in range(16):
-                        acc[c, m, lane] = 0.0
-                for b in range(n_blocks):
-                    _block_q2_k(w, n, b, xq, xd, xbs, acc, c)
-                for m in range(out.shape[0]):
-                    out[m, n] = lane_sum(acc, c, m)
+            for n0 in range(lo, hi, tile):
+                nt = min(tile, hi - n0)
+                for r in range(nt):
+                    for m in range(out.shape[0]):
+                        for lane in range(16):
+                            acc[c * tile + r, m, lane] = 0.0
+                for b0 in range(0, n_blocks, GROUP):
+                    for r in range(nt):
+                        for b in range(b0, min(b0 + GROUP, n_blocks)):
+                            _block_q2_k(w, n0 + r, b, xq, xd, xbs, acc, c * tile + r)
+                for r in range(nt):
+                    for m in range(out.shape[0]):
+                        out[m, n0 + r] = lane_sum(acc, c * tile + r, m)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q3_k(w, xq, xd, xbs, out, acc):
-    n_rows, n_chunks, n_blocks = out.shape[1], acc.shape[0], xq.shape[1] // QK_K
+def matmul_q3_k(w, xq, xd, xbs, out, acc, n_chunks):
+    n_rows, n_blocks, tile = out.shape[1], xq.shape[1] // QK_K, acc.shape[0] // n_chunks
     for c in prange(n_chunks):
         lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
         if out.shape[0] == 1:
             for n in range(lo, hi):
                 out[0, n] = _row_q3_k(w, n, xq, xd, xbs)
         else:
-            for n in range(lo, hi):
-                for m in range(out.shape[0]):
-                    for lane in range(16):
-                        acc[c, m, lane] = 0.0
-                for b in range(n_blocks):
-                    _block_q3_k(w, n, b, xq, xd, xbs, acc, c)
-                for m in range(out.shape[0]):
-                    out[m, n] = lane_sum(acc, c, m)
+            for n0 in range(lo, hi, tile):
+                nt = min(tile, hi - n0)
+                for r in range(nt):
+                    for m in range(out.shape[0]):
+                        for lane in range(16):
+                            acc[c * tile + r, m, lane] = 0.0
+                for b0 in range(0, n_blocks, GROUP):
+                    for r in range(nt):
+                        for b in range(b0, min(b0 + GROUP, n_blocks)):
+                            _block_q3_k(w, n0 + r, b, xq, xd, xbs, acc, c * tile + r)
+                for r in range(nt):
+                    for m in range(out.shape[0]):
+                        out[m, n0 + r] = lane_sum(acc, c * tile + r, m)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q4_k(w, xq, xd, xbs, out, acc):
-    n_rows, n_chunks, n_blocks = out.shape[1], acc.shape[0], xq.shape[1] // QK_K
+def matmul_q4_k(w, xq, xd, xbs, out, acc, n_chunks):
+    n_rows, n_blocks, tile = out.shape[1], xq.shape[1] // QK_K, acc.shape[0] // n_chunks
     for c in prange(n_chunks):
         lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
         if out.shape[0] == 1:
             for n in range(lo, hi):
                 out[0, n] = _row_q4_k(w, n, xq, xd, xbs)
         else:
-            for n in range(lo, hi):
-                for m in range(out.shape[0]):
-                    for lane in range(16):
-                        acc[c, m, lane] = 0.0
-                for b in range(n_blocks):
-                    _block_q4_k(w, n, b, xq, xd, xbs, acc, c)
-                for m in range(out.shape[0]):
-                    out[m, n] = lane_sum(acc, c, m)
+            for n0 in range(lo, hi, tile):
+                nt = min(tile, hi - n0)
+                for r in range(nt):
+                    for m in range(out.shape[0]):
+                        for lane in range(16):
+                            acc[c * tile + r, m, lane] = 0.0
+                for b0 in range(0, n_blocks, GROUP):
+                    for r in range(nt):
+                        for b in range(b0, min(b0 + GROUP, n_blocks)):
+                            _block_q4_k(w, n0 + r, b, xq, xd, xbs, acc, c * tile + r)
+                for r in range(nt):
+                    for m in range(out.shape[0]):
+                        out[m, n0 + r] = lane_sum(acc, c * tile + r, m)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q5_k(w, xq, xd, xbs, out, acc):
-    n_rows, n_chunks, n_blocks = out.shape[1], acc.shape[0], xq.shape[1] // QK_K
+def matmul_q5_k(w, xq, xd, xbs, out, acc, n_chunks):
+    n_rows, n_blocks, tile = out.shape[1], xq.shape[1] // QK_K, acc.shape[0] // n_chunks
     for c in prange(n_chunks):
         lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
         if out.shape[0] == 1:
             for n in range(lo, hi):
                 out[0, n] = _row_q5_k(w, n, xq, xd, xbs)
         else:
-            for n in range(lo, hi):
-                for m in range(out.shape[0]):
-                    for lane in range(16):
-                        acc[c, m, lane] = 0.0
-                for b in range(n_blocks):
-                    _block_q5_k(w, n, b, xq, xd, xbs, acc, c)
-                for m in range(out.shape[0]):
-                    out[m, n] = lane_sum(acc, c, m)
+            for n0 in range(lo, hi, tile):
+                nt = min(tile, hi - n0)
+                for r in range(nt):
+                    for m in range(out.shape[0]):
+                        for lane in range(16):
+                            acc[c * tile + r, m, lane] = 0.0
+                for b0 in range(0, n_blocks, GROUP):
+                    for r in range(nt):
+                        for b in range(b0, min(b0 + GROUP, n_blocks)):
+                            _block_q5_k(w, n0 + r, b, xq, xd, xbs, acc, c * tile + r)
+                for r in range(nt):
+                    for m in range(out.shape[0]):
+                        out[m, n0 + r] = lane_sum(acc, c * tile + r, m)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q6_k(w, xq, xd, xbs, out, acc):
-    n_rows, n_chunks, n_blocks = out.shape[1], acc.shape[0], xq.shape[1] // QK_K
+def matmul_q6_k(w, xq, xd, xbs, out, acc, n_chunks):
+    n_rows, n_blocks, tile = out.shape[1], xq.shape[1] // QK_K, acc.shape[0] // n_chunks
     for c in prange(n_chunks):
         lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
         if out.shape[0] == 1:
             for n in range(lo, hi):
                 out[0, n] = _row_q6_k(w, n, xq, xd, xbs)
         else:
-            for n in range(lo, hi):
-                for m in range(out.shape[0]):
-                    for lane in range(16):
-                        acc[c, m, lane] = 0.0
-                for b in range(n_blocks):
-                    _block_q6_k(w, n, b, xq, xd, xbs, acc, c)
-                for m in range(out.shape[0]):
-                    out[m, n] = lane_sum(acc, c, m)
+            for n0 in range(lo, hi, tile):
+                nt = min(tile, hi - n0)
+                for r in range(nt):
+                    for m in range(out.shape[0]):
+                        for lane in range(16):
+                            acc[c * tile + r, m, lane] = 0.0
+                for b0 in range(0, n_blocks, GROUP):
+                    for r in range(nt):
+                        for b in range(b0, min(b0 + GROUP, n_blocks)):
+                            _block_q6_k(w, n0 + r, b, xq, xd, xbs, acc, c * tile + r)
+                for r in range(nt):
+                    for m in range(out.shape[0]):
+                        out[m, n0 + r] = lane_sum(acc, c * tile + r, m)
 
 
 MATMUL_Q8K = {int(_T.Q2_K): matmul_q2_k, int(_T.Q3_K): matmul_q3_k, int(_T.Q4_K): matmul_q4_k,

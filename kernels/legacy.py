@@ -7,8 +7,8 @@ dequantized copy of W.
   (q8_act.py), then each 32-block contributes an exact int32 dot product scaled in
   float32, blocks added in order (legacy_ir.py documents the exact update, which is
   that of ggml's generic ``ggml_vec_dot_*_q8_*``).  The weights are walked in tiles of
-  8 rows; a tile's blocks are decoded once per chunk of up to ``M_CHUNK`` activation
-  rows, so verifying M drafted tokens reads the weights once.
+  8 or 16 rows; a tile's blocks are decoded once per chunk of up to ``M_CHUNK``
+  activation rows, so verifying M drafted tokens reads the weights once.
 * F32 / F16 / BF16: the weight row is widened to float32 once (exact) and dotted with the
   float32 x using 32 interleaved float32 partial sums combined in a fixed tree
   (legacy_ir.dot32_lanes), then the K mod 32 tail in order.  ggml instead rounds x to
@@ -30,7 +30,7 @@ import gguf
 import numpy as np
 from numba import njit, prange
 
-from .legacy_ir import DECODERS, TILE, dot32_lanes
+from .legacy_ir import DECODERS, TILE, TILE_ROWS, dot32_lanes
 from .q8_act import QK8, half_bits_to_f32, quantize_q8_rows
 
 _T = gguf.GGMLQuantizationType
@@ -38,20 +38,35 @@ F32, F16, BF16 = int(_T.F32), int(_T.F16), int(_T.BF16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
 BLOCK_BYTES = {qt: nbytes for qt, (_, nbytes) in DECODERS.items()}
 
-TILE_ROWS = 8   # weight rows per SIMD tile (legacy_ir)
 M_CHUNK = 32    # activation rows per pass over a decoded tile
 
 _tile_q4_0, _tile_q4_1, _tile_q5_0 = TILE[Q4_0], TILE[Q4_1], TILE[Q5_0]
 _tile_q5_1, _tile_q8_0 = TILE[Q5_1], TILE[Q8_0]
+_ROWS_Q4_0, _ROWS_Q4_1, _ROWS_Q5_0, _ROWS_Q5_1, _ROWS_Q8_0 = (
+    TILE_ROWS[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
 
 
 # ---------------------------------------------------------------- quantized matmul driver
 
 @njit(cache=True, nogil=True)
-def _tile_blocks(qtype, w, row0, rs, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc_ms):
-    """All K/32 blocks, in order, of the 8-row tile at byte ``row0`` (row stride ``rs``).
+def _tile_rows(qtype):
+    """Weight rows per tile of ``qtype`` (legacy_ir.TILE_ROWS)."""
+    if qtype == Q4_0:
+        return _ROWS_Q4_0
+    if qtype == Q4_1:
+        return _ROWS_Q4_1
+    if qtype == Q5_0:
+        return _ROWS_Q5_0
+    if qtype == Q5_1:
+        return _ROWS_Q5_1
+    return _ROWS_Q8_0
 
-    Adds into acc[acc0 + m*acc_ms + r] for m0 <= m < m1, r < 8.  Arrays are flat.
+
+@njit(cache=True, nogil=True)
+def _tile_blocks(qtype, w, row0, rs, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc_ms):
+    """All K/32 blocks, in order, of the tile at byte ``row0`` (row stride ``rs``).
+
+    Adds into acc[acc0 + m*acc_ms + r] for m0 <= m < m1, r < rows.  Arrays are flat.
     """
     nb = k // QK8
     if qtype == Q4_0:
@@ -76,31 +91,31 @@ def _matmul_q8act(qtype, w, xq, xsum, xd, xs, out):
     """out (M, N) = W · xᵀ from Q8 activations.
 
     w uint8 (N, row_bytes); xq int8 (M, K); xsum int32, xd, xs float32 (M, K/32).
-    prange over 8-row tiles; the last N mod 8 rows go through a zero-padded tile.
+    prange over tiles of 8 or 16 rows; the last N mod rows go through a zero-padded tile.
     """
     n, rs = w.shape
     m_rows, k = xq.shape
     wf, xqf, outf = w.reshape(-1), xq.reshape(-1), out.reshape(-1)
     xsumf, xdf, xsf = xsum.reshape(-1), xd.reshape(-1), xs.reshape(-1)
-    n_tiles = n // TILE_ROWS
+    rows = _tile_rows(qtype)
+    n_tiles = n // rows
     for t in prange(n_tiles):
-        n0 = t * TILE_ROWS
+        n0 = t * rows
         for m0 in range(0, m_rows, M_CHUNK):
             m1 = min(m_rows, m0 + M_CHUNK)
             for m in range(m0, m1):
-                for r in range(TILE_ROWS):
+                for r in range(rows):
                     out[m, n0 + r] = np.float32(0.0)
             _tile_blocks(qtype, wf, n0 * rs, rs, xqf, xsumf, xdf, xsf, k, m0, m1, outf, n0, n)
-    tail = n - n_tiles * TILE_ROWS
+    tail = n - n_tiles * rows
     if tail:
-        pad = np.zeros((TILE_ROWS, rs), np.uint8)  # zero bytes: d = 0, the lanes are dropped
-        pad[:tail] = w[n_tiles * TILE_ROWS:]
-        acc = np.zeros(m_rows * TILE_ROWS, np.float32)
-        _tile_blocks(qtype, pad.reshape(-1), 0, rs, xqf, xsumf, xdf, xsf, k, 0, m_rows, acc, 0,
-                     TILE_ROWS)
+        pad = np.zeros((rows, rs), np.uint8)  # zero bytes: d = 0, the lanes are dropped
+        pad[:tail] = w[n_tiles * rows:]
+        acc = np.zeros(m_rows * rows, np.float32)
+        _tile_blocks(qtype, pad.reshape(-1), 0, rs, xqf, xsumf, xdf, xsf, k, 0, m_rows, acc, 0, rows)
         for m in range(m_rows):
             for r in range(tail):
-                out[m, n_tiles * TILE_ROWS + r] = acc[m * TILE_ROWS + r]
+                out[m, n_tiles * rows + r] = acc[m * rows + r]
 
 
 @njit(cache=True, nogil=True)

@@ -1,16 +1,17 @@
 """SIMD tile kernel for the legacy quants (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) as Numba intrinsics.
 
 ``TILE[qtype](w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)``
-handles one 32-element block ``b`` of EIGHT consecutive weight rows (byte offsets
-``row0 + r*rs``, r = 0..7) against activation rows m0 <= m < m1:
+handles one 32-element block ``b`` of R = TILE_ROWS[qtype] (8 or 16) consecutive weight
+rows (byte offsets ``row0 + r*rs``, r < R) against activation rows m0 <= m < m1:
 
-1. decode the 8 blocks ONCE into unsigned codes u (uint8, 32 per row) plus the fp16
+1. decode the R blocks ONCE into unsigned codes u (uint8, 32 per row) plus the fp16
    scales d (and mins m for the _1 formats):
        Q4_0  w = u - 8     Q5_0  w = u - 16     Q8_0  w = u - 128 (u = w xor 0x80)
        Q4_1  w = d*u + m   Q5_1  w = d*u + m
-2. transpose the 8x8 matrix of 4-byte groups so that vector c holds codes 4c..4c+3
-   of every row (Q4_0 / Q4_1 transpose the packed 8x4 nibble bytes instead and split
-   the nibbles afterwards: half the shuffles);
+2. transpose each 8x8 matrix of 4-byte groups so that vector c holds codes 4c..4c+3
+   of every row (the 4/5-bit formats transpose the packed 8x4 nibble bytes instead,
+   split the nibbles afterwards and add the fifth bits column by column: half the
+   shuffles);
 3. for each m: ``vpdpbusd`` with the broadcast 4-byte group c of xq[m] gives, in lane r,
    the exact integer dot product of row r's block with the activation block; the
    offset is removed exactly with the block sum of xq:
@@ -40,7 +41,7 @@ from numba.core import cgutils, config
 from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic
 
-I1, I8, I16, I32, I64 = (ir.IntType(bits) for bits in (1, 8, 16, 32, 64))
+I8, I16, I32, I64 = (ir.IntType(bits) for bits in (8, 16, 32, 64))
 F16, F32 = ir.HalfType(), ir.FloatType()
 _T = gguf.GGMLQuantizationType
 
@@ -50,7 +51,7 @@ def _vec(ty: ir.Type, n: int) -> ir.VectorType:
 
 
 V8I16, V8I32, V8F32 = _vec(I16, 8), _vec(I32, 8), _vec(F32, 8)
-V16I8, V32I8, V32I32 = _vec(I8, 16), _vec(I8, 32), _vec(I32, 32)
+V32I8, V32I32 = _vec(I8, 32), _vec(I32, 32)
 
 
 def have_vnni() -> bool:
@@ -108,16 +109,20 @@ def _transpose8(builder, rows: list) -> list:
 
 
 def _dpbusd(builder, vnni: bool, acc, u, x):
-    """acc + per-lane sum of 4 products zext(u byte) * sext(x byte); all <8 x i32>."""
+    """acc + per-lane sum of 4 products zext(u byte) * sext(x byte); <W x i32>, W = 8 or 16."""
+    width = acc.type.count
+    vt = _vec(I32, width)
     if vnni:
         fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(V8I32, [V8I32] * 3), "llvm.x86.avx512.vpdpbusd.256")
+            builder.module, ir.FunctionType(vt, [vt] * 3),
+            f"llvm.x86.avx512.vpdpbusd.{32 * width}")
         return builder.call(fn, [acc, u, x])
-    p = builder.mul(builder.zext(builder.bitcast(u, V32I8), V32I32),
-                    builder.sext(builder.bitcast(x, V32I8), V32I32))
-    s = _shuf(builder, p, p, list(range(0, 32, 4)))
+    bytes_ = _vec(I8, 4 * width)
+    p = builder.mul(builder.zext(builder.bitcast(u, bytes_), _vec(I32, 4 * width)),
+                    builder.sext(builder.bitcast(x, bytes_), _vec(I32, 4 * width)))
+    s = _shuf(builder, p, p, list(range(0, 4 * width, 4)))
     for i in (1, 2, 3):
-        s = builder.add(s, _shuf(builder, p, p, list(range(i, 32, 4))))
+        s = builder.add(s, _shuf(builder, p, p, list(range(i, 4 * width, 4))))
     return builder.add(acc, s)
 
 
@@ -161,19 +166,6 @@ def _nibble_cols(builder, wp, offs: list):
     return lows + [builder.and_(builder.lshr(c, four), mask) for c in t]
 
 
-def _nibbles(builder, qs):
-    """16 packed bytes -> 32 codes: low nibbles are elements 0-15, high 16-31."""
-    lo = builder.and_(qs, ir.Constant(V16I8, [15] * 16))
-    hi = builder.lshr(qs, ir.Constant(V16I8, [4] * 16))
-    return _shuf(builder, lo, hi, list(range(32)))
-
-
-def _fifth_bits(builder, qh):
-    """i32 qh -> <32 x i8> with 16 where bit j of qh is set (element j's 5th bit)."""
-    bits = builder.bitcast(qh, _vec(I1, 32))
-    return builder.shl(builder.zext(bits, V32I8), ir.Constant(V32I8, [4] * 32))
-
-
 def _row_cols(builder, codes: list) -> list:
     """8 rows of 32 codes (<32 x i8>) -> 8 column vectors (4-byte group c of every row)."""
     return _transpose8(builder, [builder.bitcast(c, V8I32) for c in codes])
@@ -186,7 +178,8 @@ class Decoded(NamedTuple):
     m: object | None  # <8 x float> weight mins (_1 formats) or None
 
 
-# ----------------------------------------------------- per-format block decoders (8 rows)
+# ----------------------------------------------------- per-format block decoders (8 rows;
+# a 16-row tile decodes twice and joins the halves)
 # ``o[r]`` is the byte offset of the block in row r; layouts from ggml-common.h.
 
 def _plus(builder, offs: list, k: int) -> list:
@@ -205,23 +198,57 @@ def _dec_q4_1(builder, wp, o) -> Decoded:
     return Decoded(_nibble_cols(builder, wp, _plus(builder, o, 4)), 0, d, m)
 
 
-def _q5_codes(builder, wp, x, qh_at: int):
-    qh = _load(builder, wp, builder.add(x, _i64(qh_at)), I32)
-    low = _nibbles(builder, _load(builder, wp, builder.add(x, _i64(qh_at + 4)), V16I8))
-    return builder.or_(low, _fifth_bits(builder, qh))
+def _q5_head(builder, wp, offs: list, qh_at: int):
+    """First 8 bytes of each row's block -> (<8 x i64> heads, <32 x i8> qh bytes).
+
+    Lane r of the qh vector holds row r's u32 qh (bytes qh_at..qh_at+3 of the block).
+    """
+    heads = ir.Constant(_vec(I64, 8), None)
+    for r, off in enumerate(offs):
+        heads = builder.insert_element(heads, _load(builder, wp, off, I64), I32(r))
+    qh = builder.trunc(builder.lshr(heads, ir.Constant(_vec(I64, 8), [8 * qh_at] * 8)), V8I32)
+    return heads, builder.bitcast(qh, V32I8)
+
+
+def _half_field(builder, heads, shift: int):
+    """16-bit field at bit ``shift`` of each i64 lane, as fp16 -> <8 x float>."""
+    v = builder.lshr(heads, ir.Constant(_vec(I64, 8), [shift] * 8)) if shift else heads
+    return builder.fpext(builder.bitcast(builder.trunc(v, V8I16), _vec(F16, 8)), V8F32)
+
+
+def _q5_cols(builder, wp, offs: list, qh_at: int, qh_bytes):
+    """Q5 codes as transposed columns: packed nibble columns | 16 * (5th bit).
+
+    Element e of a row takes bit e of its qh: byte e//8, bit e%8.  Column c holds
+    elements 4c..4c+3 (c < 4) or 16+4(c-4).. (c >= 4), so byte i of lane r needs bit
+    4*(c%2) + i of qh byte (c//2 or 2 + (c-4)//2): replicate that byte over the lane's
+    4 bytes, test one bit per byte, and set 16 where it is on.
+    """
+    cols = _nibble_cols(builder, wp, _plus(builder, offs, qh_at + 4))
+    sixteen, zero = ir.Constant(V32I8, [16] * 32), ir.Constant(V32I8, [0] * 32)
+    out = []
+    for c, col in enumerate(cols):
+        byte = c // 2 if c < 4 else 2 + (c - 4) // 2
+        spread = [4 * lane + byte for lane in range(8) for _ in range(4)]
+        rep = _shuf(builder, qh_bytes, qh_bytes, spread)
+        bit = ir.Constant(V32I8, [1 << (4 * (c % 2) + i) for _ in range(8) for i in range(4)])
+        on = builder.icmp_unsigned("!=", builder.and_(rep, bit), zero)
+        high = builder.select(on, sixteen, zero)
+        out.append(builder.bitcast(builder.or_(builder.bitcast(col, V32I8), high), V8I32))
+    return out
 
 
 def _dec_q5_0(builder, wp, o) -> Decoded:
     """block_q5_0: fp16 d | u32 qh | 16 B qs.  matches dequantize_row_q5_0."""
-    codes = [_q5_codes(builder, wp, x, 2) for x in o]
-    return Decoded(_row_cols(builder, codes), 16, _f16x8(builder, wp, o), None)
+    heads, qh = _q5_head(builder, wp, o, 2)
+    return Decoded(_q5_cols(builder, wp, o, 2, qh), 16, _half_field(builder, heads, 0), None)
 
 
 def _dec_q5_1(builder, wp, o) -> Decoded:
     """block_q5_1: fp16 d | fp16 m | u32 qh | 16 B qs.  matches dequantize_row_q5_1."""
-    codes = [_q5_codes(builder, wp, x, 4) for x in o]
-    d, m = _f16_pairs_x8(builder, wp, o)
-    return Decoded(_row_cols(builder, codes), 0, d, m)
+    heads, qh = _q5_head(builder, wp, o, 4)
+    d, m = _half_field(builder, heads, 0), _half_field(builder, heads, 16)
+    return Decoded(_q5_cols(builder, wp, o, 4, qh), 0, d, m)
 
 
 def _dec_q8_0(builder, wp, o) -> Decoded:
@@ -243,55 +270,67 @@ DECODERS: dict[int, tuple[Callable, int]] = {
 
 PREFETCH_TILES = 1  # how many tiles ahead _prefetch_ahead requests (2 and 4 were slower)
 
-def _prefetch_ahead(builder, wp, row0, rs, b, block_bytes: int) -> None:
+def _prefetch_ahead(builder, wp, row0, rs, b, block_bytes: int, rows: int = 8) -> None:
     """Prefetch slice b of the tile ``PREFETCH_TILES`` ahead, in address order.
 
-    The tile loop visits its 8 rows interleaved (row stride apart), a pattern the hardware
+    The tile loop visits its rows interleaved (row stride apart), a pattern the hardware
     prefetchers follow poorly (about a third of the streaming bandwidth).  Call b of the
-    tile touches bytes [b*8*bb, (b+1)*8*bb) of the region of a later tile, so over the K/32
-    calls that region (8 rows = 8*nb*bb bytes) is requested line by line, in order.
+    tile touches bytes [b*R*bb, (b+1)*R*bb) of the region of a later tile, so over the K/32
+    calls that region (R rows = R*nb*bb bytes) is requested line by line, in order.
     """
     fn = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
         "llvm.prefetch.p0")
-    span = 8 * block_bytes
-    start = builder.add(builder.add(row0, builder.mul(rs, _i64(8 * PREFETCH_TILES))),
+    span = rows * block_bytes
+    start = builder.add(builder.add(row0, builder.mul(rs, _i64(rows * PREFETCH_TILES))),
                         builder.mul(b, _i64(span)))
     for line in range((span + 63) // 64):
         ptr = builder.gep(wp, [builder.add(start, _i64(64 * line))])
         builder.call(fn, [ptr, I32(0), I32(3), I32(1)])
 
 
+def _join(builder, a, b):
+    """<n x T> ++ <n x T> -> <2n x T>."""
+    n = a.type.count
+    return _shuf(builder, a, b, list(range(2 * n)))
+
+
 def _emit_tile(builder, dec: Decoded, vnni: bool, ptrs, ints) -> None:
+    """Step 3 of the module docstring: the loop over activation rows m0 <= m < m1."""
     xq_p, xsum_p, xd_p, xs_p, acc_p = ptrs
     b, k, nb, m0, m1, acc0, acc_ms = ints
     cols = dec.cols
+    width = cols[0].type.count  # rows in the tile: lanes of every vector below
+    vi, vf = _vec(I32, width), _vec(F32, width)
     xoff = builder.mul(b, _i64(32))
-    zero = ir.Constant(V8I32, None)
+    zero = ir.Constant(vi, None)
     with cgutils.for_range(builder, m1, start=m0) as loop:
         m = loop.index
-        xw = _load(builder, xq_p, builder.add(builder.mul(m, k), xoff), V8I32)
+        xw = _load(builder, xq_p, builder.add(builder.mul(m, k), xoff), _vec(I32, 8))
         # two independent accumulation chains (exact ints, so grouping is free)
         sums = [zero, zero]
         for c in range(8):
-            xc = _splat(builder, builder.extract_element(xw, I32(c)), 8)
+            xc = _splat(builder, builder.extract_element(xw, I32(c)), width)
             sums[c % 2] = _dpbusd(builder, vnni, sums[c % 2], cols[c], xc)
         isum = builder.add(sums[0], sums[1])
         mb = builder.add(builder.mul(m, nb), b)
         if dec.off:
             corr = builder.mul(_load(builder, xsum_p, mb, I32, 4), I32(dec.off))
-            isum = builder.sub(isum, _splat(builder, corr, 8))
-        dd = builder.fmul(dec.d, _splat(builder, _load(builder, xd_p, mb, F32, 4), 8))
-        t = builder.fmul(dd, builder.sitofp(isum, V8F32))
+            isum = builder.sub(isum, _splat(builder, corr, width))
+        dd = builder.fmul(dec.d, _splat(builder, _load(builder, xd_p, mb, F32, 4), width))
+        t = builder.fmul(dd, builder.sitofp(isum, vf))
         if dec.m is not None:
-            sx = _splat(builder, _load(builder, xs_p, mb, F32, 4), 8)
+            sx = _splat(builder, _load(builder, xs_p, mb, F32, 4), width)
             t = builder.fadd(t, builder.fmul(dec.m, sx))
         aoff = builder.add(acc0, builder.mul(m, acc_ms))
-        _store(builder, builder.fadd(_load(builder, acc_p, aoff, V8F32, 4), t), acc_p, aoff, 4)
+        _store(builder, builder.fadd(_load(builder, acc_p, aoff, vf, 4), t), acc_p, aoff, 4)
 
 
-def make_tile(qtype: int, vnni: bool | None = None):
-    """Build the tile intrinsic for ``qtype`` (``vnni=None``: use it when the CPU has it)."""
+def make_tile(qtype: int, vnni: bool | None = None, rows: int = 8):
+    """Build the tile intrinsic for ``qtype`` over ``rows`` (8 or 16) weight rows.
+
+    ``vnni=None``: use vpdpbusd when the CPU has it, else portable IR (same integers).
+    """
     decoder, block_bytes = DECODERS[qtype]
     use_vnni = have_vnni() if vnni is None else vnni
 
@@ -309,9 +348,14 @@ def make_tile(qtype: int, vnni: bool | None = None):
             wp = data(0)
             row0_, rs_, b_ = as_i64(1), as_i64(2), as_i64(3)
             blk = builder.add(row0_, builder.mul(b_, _i64(block_bytes)))
-            offs = [builder.add(blk, builder.mul(rs_, _i64(r))) for r in range(8)]
-            _prefetch_ahead(builder, wp, row0_, rs_, b_, block_bytes)
-            dec = decoder(builder, wp, offs)
+            offs = [builder.add(blk, builder.mul(rs_, _i64(r))) for r in range(rows)]
+            _prefetch_ahead(builder, wp, row0_, rs_, b_, block_bytes, rows)
+            dec = decoder(builder, wp, offs[:8])
+            if rows == 16:
+                hi = decoder(builder, wp, offs[8:])
+                dec = Decoded([_join(builder, a, c) for a, c in zip(dec.cols, hi.cols)], dec.off,
+                              _join(builder, dec.d, hi.d),
+                              None if dec.m is None else _join(builder, dec.m, hi.m))
             ptrs = (data(4), data(5), data(6), data(7), data(12))
             ints = (b_, as_i64(8), as_i64(9), as_i64(10), as_i64(11), as_i64(13), as_i64(14))
             _emit_tile(builder, dec, use_vnni, ptrs, ints)
@@ -322,7 +366,10 @@ def make_tile(qtype: int, vnni: bool | None = None):
     return tile
 
 
-TILE = {qt: make_tile(qt) for qt in DECODERS}
+# Rows per tile: 16 (zmm) halves the per-activation-row work; Q5_0 stays at 8, where LLVM's
+# lowering of the 16-row decode came out ~20% slower for M = 1 (interleaved A/B timing).
+TILE_ROWS = {qt: 8 if qt == int(_T.Q5_0) else 16 for qt in DECODERS}
+TILE = {qt: make_tile(qt, rows=TILE_ROWS[qt]) for qt in DECODERS}
 
 
 # ------------------------------------------------------------- float32 dot (F32/F16/BF16)

@@ -13,7 +13,9 @@ The result is kept unpacked (``Q8Act``): int8 (M, K) quants, float32 (M, K/32)
 scales that already went through fp16, the exact int32 block sums of q (the
 kernels use them to undo the +8 / +16 / +128 weight offsets) and the Q8_1
 ``s`` as float32.  ``q8_0_bytes`` packs the same numbers into GGUF's block_q8_0
-byte layout; it is byte-identical to ``gguf.quants.quantize(x, Q8_0)``.
+byte layout; it is byte-identical to ``gguf.quants.quantize(x, Q8_0)``.  (ggml's x86
+SIMD quantize_row_q8_0 rounds half to even with id = 127/amax; the reference rules above
+differ from it only on exact ties and in the last bit of id.)
 """
 from __future__ import annotations
 

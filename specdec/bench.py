@@ -5,10 +5,14 @@ decode       for each model: load (timed), compile/warm the kernels once (timed 
              pp64 = one batched forward over 64 prompt tokens, tg64 = 64 greedy decode steps
              one token at a time; each the best of `repeats` runs.  Tokens/s, weight bytes
              read per decoded token and the GB/s that makes, beside llama.cpp's figures.
-speculative  for each pair and each prompt (in the target's chat template): plain greedy
-             generation, then speculative greedy generation for each draft length; tokens/s
-             (best of `repeats`), acceptance, tokens per step, predicted acceptance
-             1 - TV(p, q), speedup, and whether the tokens were identical (they must be).
+speedup      for each pair and each prompt (in the target's chat template): plain greedy
+             generation, then speculative greedy generation for each draft length (fixed
+             policy); tokens/s (best of `repeats`), acceptance, tokens per step, predicted
+             acceptance 1 - TV(p, q), speedup, and whether the tokens were identical (they
+             must be).  A quick check; benchmarks/speculative.py and drafters.py (source
+             checkout, `--scripts`) sweep draft-p, temperatures and drafters at length.
+
+Files: decode.json / decode.png, speedup.json / speedup.png.
 
 Numbers are end-to-end wall-clock on whatever else the machine is doing; machine_info()
 goes into every JSON file so that a result says where it came from.
@@ -99,7 +103,8 @@ def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: i
     load_s = time.perf_counter() - t
     warm_s = _warm(m)
     rng = np.random.default_rng(0)
-    prompt = rng.integers(100, min(m.config.n_vocab, 30000), n_pp).tolist()
+    n_vocab = m.config.n_vocab
+    prompt = rng.integers(min(100, n_vocab // 2), min(n_vocab, 30000), n_pp).tolist()
     pp_best, tg_best = 0.0, 0.0
     for _ in range(repeats):
         s = m.session()
@@ -145,7 +150,8 @@ def bench_pair(target_id: str, draft_id: str, n_predict: int = 64,
     """Plain vs speculative greedy generation, per prompt and draft length."""
     import specdec
     target, draft = specdec.load(target_id), specdec.load(draft_id)
-    _warm(target), _warm(draft)
+    _warm(target)
+    _warm(draft)
     runs = []
     for i, text in enumerate(prompts):
         prompt = target.chat_prompt([{"role": "user", "content": text}])
@@ -199,7 +205,7 @@ def bench_speculative(pairs: Sequence[tuple[str, str]], out_dir: Path, n_predict
                       log: Log = print) -> dict:
     result = {"machine": machine_info(), "prompts": list(PROMPTS),
               "pairs": [bench_pair(t, d, n_predict, draft_ns, repeats, log=log) for t, d in pairs]}
-    write_json(Path(out_dir) / "speculative.json", result)
+    write_json(Path(out_dir) / "speedup.json", result)
     return result
 
 
@@ -252,13 +258,30 @@ def plot_speculative(result: dict, path: Path) -> Path:
     return Path(path)
 
 
+SCRIPTS = ("speculative", "drafters")
+
+
+def run_script(name: str, out_dir: Path, log: Log = print) -> None:
+    """benchmarks/NAME.py of a source checkout, with its own defaults, into out_dir."""
+    import subprocess
+    import sys
+    from .errors import ConfigError
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    if name not in SCRIPTS or not script.is_file():
+        raise ConfigError(f"--scripts {name}: needs benchmarks/{name}.py of a source checkout")
+    log(f"running {script} --out {out_dir}")
+    r = subprocess.run([sys.executable, str(script), "--out", str(out_dir)], cwd=script.parent)
+    if r.returncode:
+        raise ConfigError(f"benchmarks/{name}.py failed with exit code {r.returncode}")
+
+
 def default_out_dir() -> Path:
     return Path(f"specdec-bench-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
 
 
 def run(out_dir: Path, models: Sequence[str] = (), pairs: Sequence[tuple[str, str]] = (),
         n_predict: int = 64, draft_ns: Sequence[int] = (2, 4, 6), repeats: int = 1,
-        log: Log = print) -> list[Path]:
+        scripts: Sequence[str] = (), log: Log = print) -> list[Path]:
     """Everything `specdec bench` does; returns the files written."""
     from .report import pyplot
     pyplot()                                               # fail before hours of benchmarking
@@ -270,5 +293,9 @@ def run(out_dir: Path, models: Sequence[str] = (), pairs: Sequence[tuple[str, st
         written += [out_dir / "decode.json", plot_decode(res, out_dir / "decode.png")]
     if pairs:
         res = bench_speculative(pairs, out_dir, n_predict, draft_ns, repeats, log=log)
-        written += [out_dir / "speculative.json", plot_speculative(res, out_dir / "speculative.png")]
+        written += [out_dir / "speedup.json", plot_speculative(res, out_dir / "speedup.png")]
+    for name in scripts:
+        before = set(out_dir.iterdir())
+        run_script(name, out_dir, log)
+        written += sorted(set(out_dir.iterdir()) - before)
     return written

@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="decode and speculative benchmarks: JSON and PNG plots",
                        description="Decode speed per model (pp64/tg64 beside llama.cpp) and "
                                    "speculative vs plain generation per target:draft pair; writes "
-                                   "decode.json/png and speculative.json/png into a folder.  "
+                                   "decode.json/png and speedup.json/png into a folder.  "
                                    "Needs matplotlib (pip install 'specdec[bench]').")
     p.add_argument("-m", "--model", nargs="+", default=None, metavar="MODEL",
                    help="models for the decode benchmark (default: the four known models)")
@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-decode", action="store_true", help="skip the decode benchmark")
     p.add_argument("--no-speculative", action="store_true", help="skip the speculative benchmark")
     p.add_argument("-t", "--threads", type=int, default=0, help="Numba threads (default: all cores)")
+    p.add_argument("--scripts", nargs="+", default=(), choices=("speculative", "drafters"),
+                   help="also run these benchmarks/*.py of a source checkout (their own defaults; long)")
     p = sub.add_parser("info", help="describe a GGUF model")
     p.add_argument("model", help="GGUF path or known id")
     p = sub.add_parser("pull", help="fetch a known model into the cache")
@@ -305,8 +307,9 @@ def cmd_trace_report(a) -> int:
     out, s = trace_report(a.trace, a.output)
     by_pos = " ".join("-" if r["measured"] is None else f"{r['measured']:.2f}" for r in s["by_position"])
     print(f"{out}: {s['n_steps']} steps, {s['n_emitted']} tokens, {s['tokens_per_step']:.2f} tokens/step, "
-          f"acceptance {s['acceptance_rate']:.1%}; predicted 1 - TV(p, q) {s['predicted_acceptance']:.1%} "
-          f"vs measured {s['measured_acceptance']:.1%}; by position: {by_pos or '-'}")
+          f"{s['acceptance_rate']:.1%} of drafted tokens accepted; at verified positions predicted "
+          f"1 - TV(p, q) {s['predicted_acceptance']:.1%} vs measured {s['measured_acceptance']:.1%}; "
+          f"by position: {by_pos or '-'}")
     return 0
 
 
@@ -326,7 +329,7 @@ def cmd_bench(a) -> int:
     out_dir = a.out or bench.default_out_dir()
     _progress(f"specdec: benchmark results go to {out_dir}/")
     for path in bench.run(out_dir, models, pairs, n_predict=a.n_predict, draft_ns=a.draft_n,
-                          repeats=a.repeats, log=_progress):
+                          repeats=a.repeats, scripts=a.scripts, log=_progress):
         print(path)
     return 0
 
@@ -375,9 +378,11 @@ def cmd_pull(a) -> int:
 
 
 def cmd_models(a) -> int:
-    for m in hub.list_models():
+    models = hub.list_models()
+    w_id, w_role = (max(len(m[k]) for m in models) for k in ("id", "role"))
+    for m in models:
         state = f"cached at {m['path']}" if m["cached"] else "not downloaded"
-        print(f"{m['id']:40s} {m['role']:8s} {m['size'] / 1e6:8.1f} MB  {state}")
+        print(f"{m['id']:{w_id}s}  {m['role']:{w_role}s} {m['size'] / 1e6:8.1f} MB  {state}")
     return 0
 
 

@@ -90,6 +90,8 @@ def chat_loop(conv, n_predict: int, *, first: str | None = None, colors: bool = 
                   "stops an answer, Ctrl-D or Ctrl-C at the prompt quits, /clear starts afresh\n")
         err.flush()
     pending = first
+    if first is not None:
+        out.write(f"{PROMPT}{first}\n")                 # the -p turn, shown as if typed
     while True:
         if pending is None:
             out.flush()

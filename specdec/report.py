@@ -101,8 +101,9 @@ def trace_report(trace_path: str | Path, out_png: str | Path | None = None) -> t
     _tokens_per_step(ax[1, 0], records)
     _predicted_vs_measured(ax[1, 1], records)
     fig.suptitle(f"{Path(trace_path).name}: {s['n_steps']} steps, {s['n_emitted']} tokens, "
-                 f"{s['tokens_per_step']:.2f} tokens/step, acceptance {s['acceptance_rate']:.1%} "
-                 f"(predicted {s['predicted_acceptance']:.1%})", fontsize=10)
+                 f"{s['tokens_per_step']:.2f} tokens/step; {s['acceptance_rate']:.1%} of drafted tokens "
+                 f"accepted; at verified positions measured {s['measured_acceptance']:.1%}, predicted "
+                 f"{s['predicted_acceptance']:.1%}", fontsize=10)
     fig.tight_layout()
     try:
         fig.savefig(out, dpi=110)
@@ -128,12 +129,12 @@ def _by_position(ax, s: dict) -> None:
     ax.bar(x + 0.2, [r["predicted"] for r in rows], 0.4, label="predicted 1 - TV(p, q)", color="0.65")
     for r in rows:
         ax.text(r["position"], 1.02, str(r["reached"]), ha="center", fontsize=7, color="0.3")
-    ax.set_ylim(0, 1.1)
+    ax.set_ylim(0, 1.3)
     ax.set_xticks(x)
     ax.set_xlabel("draft position i (number above: times reached)")
     ax.set_ylabel("P(accept | reached)")
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
 
 
 def _ratios(ax, records: list[StepRecord]) -> None:

@@ -108,6 +108,13 @@ def test_trace_report_bad_files(tmp_path):
     one_line_error(cli("trace-report", bad), "bad.jsonl", "line 1 is not a trace record")
 
 
+def test_model_without_chat_template(tiny):
+    r = cli("run", "-m", tiny["draft"], "-p", "hello", "-n", 3, "--ignore-eos")
+    assert r.returncode == 0 and "has no chat template; the prompt is used as is" in r.stderr
+    assert r.stdout.startswith("hello") and not r.stdout.startswith("hello\n")   # continued, not answered
+    one_line_error(cli("run", "-m", tiny["draft"], "-sys", "be brief", "-p", "hello"), "no chat template")
+
+
 def test_incompatible_pair_is_one_line(tiny):
     one_line_error(cli("run", "-m", tiny["target"], "-md", tiny["other"], "-p", "hi", "-n", 4),
                    "other.gguf")
@@ -144,3 +151,24 @@ def test_info_and_models(tiny, tmp_path):
     assert len(lines) == len(known)
     assert "cached at" in lines[0] and all("not downloaded" in line for line in lines[1:])
     one_line_error(cli("info", "no-such-model"), "unknown model 'no-such-model'")
+
+
+def test_bench_writes_json_and_plots(tiny, tmp_path):
+    out = tmp_path / "bench"
+    r = cli("bench", "-m", tiny["target"], "--pair", f"{tiny['target']}:{tiny['draft']}", "-n", 6,
+            "--draft-n", 1, 3, "--repeats", 1, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["decode.json", "decode.png", "speedup.json",
+                                                      "speedup.png"]
+    spec = json.loads((out / "speedup.json").read_text())
+    summary = spec["pairs"][0]["summary"]
+    assert [s["draft_n"] for s in summary] == [1, 3] and all(s["all_identical"] for s in summary)
+    assert json.loads((out / "decode.json").read_text())["results"][0]["tg64_tok_s"] > 0
+    one_line_error(cli("bench", "--pair", "justone", "-o", tmp_path / "x"), "TARGET:DRAFT")
+
+
+def test_plots_without_matplotlib_are_one_line(tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None; from specdec.cli import main; "
+            f"sys.exit(main(['bench', '--no-speculative', '-m', 'x', '-o', {str(tmp_path)!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    one_line_error(r, "matplotlib", "specdec[bench]")

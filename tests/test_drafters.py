@@ -373,7 +373,7 @@ def test_api_generate_with_every_drafter_and_policy(tiny):
 
 def test_cli_draft_and_policy_flags(tiny, capsys):
     from specdec import cli
-    rc = cli.main(["run", "-m", tiny.path, "-p", "abcabcab", "-n", "8", "--ignore-eos", "--raw",
+    rc = cli.main(["run", "-m", tiny.path, "-p", "abcabcab", "-n", "8", "--ignore-eos", "--raw", "-v",
                    "--draft", "prompt-lookup", "--lookup-ngram-max", "2", "--draft-policy", "adaptive"])
     err = capsys.readouterr().err
     assert rc == 0 and "accepted" in err and "prompt-lookup" in err
@@ -381,3 +381,23 @@ def test_cli_draft_and_policy_flags(tiny, capsys):
     assert "draft model" in capsys.readouterr().err
     with pytest.raises(SpecdecError):
         cli.build_parser().parse_args(["run", "--draft-policy", "sometimes"])
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_greedy_identity_on_qwen_pair_code_editing(real_model):
+    """The real pair on one code-editing prompt (benchmarks/prompts): lookup and hybrid with the
+    adaptive policy give plain greedy's ids, and lookup finds copies to accept."""
+    import json
+    from pathlib import Path
+    path = Path(__file__).parent.parent / "benchmarks" / "prompts" / "code_editing.jsonl"
+    prompt = json.loads(path.read_text().splitlines()[0])["prompt"]
+    target = real_model("qwen2.5-coder-1.5b-instruct-q4_k_m")
+    draft = real_model("qwen2.5-coder-0.5b-instruct")
+    want = target.generate(prompt, n_predict=32, ignore_eos=True).ids
+    lk = target.generate(prompt, n_predict=32, ignore_eos=True, draft="prompt-lookup", draft_n=8,
+                         draft_policy="fixed")
+    hy = target.generate(prompt, n_predict=32, ignore_eos=True, draft="hybrid", draft_model=draft,
+                         draft_n=16, draft_policy="adaptive")
+    assert lk.ids == want and hy.ids == want
+    assert lk.stats.n_accepted > 0

@@ -236,23 +236,23 @@ def test_rows_independent_across_activation_chunks(qt):
 @pytest.mark.parametrize("qt", [T.Q5_0, T.Q4_1])
 def test_portable_ir_path_matches_default_path(qt):
     """The generic-IR fallback (no VNNI) computes the same integers, hence the same bits."""
-    tile = legacy_ir.make_tile(int(qt), vnni=False)
+    rows = legacy_ir.TILE_ROWS[int(qt)]
+    tile = legacy_ir.make_tile(int(qt), vnni=False, rows=rows)
 
     @njit
     def run(w, xq, xsum, xd, xs, k, acc):
-        nb = k // 32
+        nb, m_rows = k // 32, xq.shape[0] // k
         for b in range(nb):
-            tile(w, 0, w.shape[0] // 8, b, xq, xsum, xd, xs, k, nb, 0, xsum.shape[0] // nb,
-                 acc, 0, 8)
+            tile(w, 0, w.shape[0] // rows, b, xq, xsum, xd, xs, k, nb, 0, m_rows, acc, 0, rows)
 
     rng = np.random.default_rng(3)
-    w = make_weights(qt, 8, 128, rng, raw=True)
+    w = make_weights(qt, rows, 128, rng, raw=True)
     x = rng.standard_normal((3, 128)).astype(np.float32)
     act = quantize_q8(x)
-    acc = np.zeros(3 * 8, np.float32)
+    acc = np.zeros(3 * rows, np.float32)
     run(w.reshape(-1), act.q.reshape(-1), act.qsum.reshape(-1), act.d.reshape(-1),
         act.s.reshape(-1), 128, acc)
-    assert np.array_equal(acc.reshape(3, 8), matmul(w, qt, x))
+    assert np.array_equal(acc.reshape(3, rows), matmul(w, qt, x))
 
 
 def test_bad_shapes_and_ids_are_rejected():
