@@ -28,7 +28,7 @@ from .q8k import QK_K, quantize_q8_k
 
 _T = gguf.GGMLQuantizationType
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
-TILE = 8
+TILE = 8              # weight rows per tile in the M > 1 drivers (when x is large)
 BLOCK_BYTES = {qt: nbytes for qt, (_, nbytes) in DECODERS.items()}   # bytes per 256 values
 
 
@@ -48,7 +48,10 @@ def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: n
     if out.shape != (m, w.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, w.shape[0])}")
     n_chunks = max(1, min(get_num_threads(), w.shape[0]))   # one contiguous chunk per thread
-    acc = np.empty((n_chunks * TILE, m, 16), np.float32)     # lane accumulators per row of a tile
+    # M > 1 with more Q8_K data than fits next to the weights in L1 (32 KiB): TILE rows
+    # share each group of x blocks (ffn_down: M·K·1.27 bytes of codes, d and bsums)
+    tile = TILE if m > 1 and m * k * 1.27 > 16384 else 1
+    acc = np.empty((n_chunks * tile, m, 16), np.float32)     # lane accumulators per tile row
     MATMUL_Q8K[qtype](w, xq, xd, xbs, out, acc, n_chunks)
 
 

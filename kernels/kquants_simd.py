@@ -272,19 +272,20 @@ DECODERS: dict[int, tuple[Callable, int]] = {   # qtype -> (decoder, block bytes
 
 # --------------------------------------------------------------------------- intrinsics
 
-def _emit_update(builder, dec: Decoded, u8, vnni: bool, xq_p, xd_p, xbs_p, m, K, b, acc):
+def _emit_update(builder, dec: Decoded, u8, vnni: bool, x, m, b, acc):
     """acc (<16 x float>) + the contribution of decoded block b to activation row m."""
+    K = x.K
     xrow = builder.add(builder.mul(m, K), builder.mul(b, I64(QK_K)))         # byte offset in xq
     bs_idx = builder.add(builder.mul(m, builder.sdiv(K, I64(16))), builder.mul(b, I64(16)))
-    bs = builder.load(builder.gep(xbs_p, [bs_idx], source_etype=I32), typ=V16I32, align=4)
+    bs = builder.load(builder.gep(x.bs, [bs_idx], source_etype=I32), typ=V16I32, align=4)
     # offset codes: start the dot at −off·bsum (the ggml AVX2 paths' q8sums trick)
     dot = builder.sub(_splat_i32(0), builder.mul(bs, _splat_i32(dec.off))) if dec.off else _splat_i32(0)
     for k in range(4):
-        xv = builder.load(builder.gep(xq_p, [builder.add(xrow, I64(64 * k))], source_etype=I8),
+        xv = builder.load(builder.gep(x.q, [builder.add(xrow, I64(64 * k))], source_etype=I8),
                           typ=V64I8, align=1)
         dot = _dpbusd(builder, vnni, dot, u8[k], xv)
     dx_idx = builder.add(builder.mul(m, builder.sdiv(K, I64(QK_K))), b)
-    dx = builder.load(builder.gep(xd_p, [dx_idx], source_etype=F32))
+    dx = builder.load(builder.gep(x.d, [dx_idx], source_etype=F32))
     acc = _fma(builder, builder.sitofp(builder.mul(dot, dec.sc), V16F32),
                _splat_f32(builder, builder.fmul(dec.d, dx)), acc)
     if dec.dmin is not None:        # − dmin·dx · Σ mn·bsum (ggml_vec_dot_q4_K_q8_K's mins)
@@ -300,102 +301,106 @@ def _lane_sum(builder, v):
     return builder.extract_element(v, I32(0))
 
 
-def _arrays(context, builder, signature, args):
-    """Array structs of the array arguments (None for the others)."""
-    return [context.make_array(t)(context, builder, value=v) if isinstance(t, types.Array) else None
-            for t, v in zip(signature.args, args)]
+class _Q8K(NamedTuple):
+    """Data pointers of the Q8_K activations and their sizes."""
+    q: ir.Value      # i8*  codes (M, K)
+    d: ir.Value      # f32* scales (M, K/256)
+    bs: ir.Value     # i32* bsums (M, K/16)
+    M: ir.Value
+    K: ir.Value
 
 
-def _block_ptr(context, builder, wa, n, b, block_bytes: int):
-    row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
-    off = builder.add(builder.mul(n, row_bytes), builder.mul(b, I64(block_bytes)))
-    return builder.gep(wa.data, [off], source_etype=I8)
+def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x: _Q8K, out, N,
+                acc, c, n_chunks):
+    """Rows lo … hi−1 of chunk c (of n_chunks) of out (f32* (M, N)).  M = 1: each row in
+    registers, super-block after super-block.  M > 1: tiles of acc_rows / n_chunks rows;
+    for each group of GROUP super-blocks, each row of the tile decodes its blocks once and
+    updates the lanes acc[slot, m] (f32* (acc_rows, M, 16)) of every activation row m; the
+    tile's x blocks stay in L1.  Both paths do the same float operations per (n, m)."""
+    M, nblk = x.M, builder.sdiv(x.K, I64(QK_K))
+    lo = builder.sdiv(builder.mul(c, N), n_chunks)
+    hi = builder.sdiv(builder.mul(builder.add(c, I64(1)), N), n_chunks)
+
+    def block(n, b):
+        off = builder.add(builder.mul(n, row_bytes), builder.mul(b, I64(block_bytes)))
+        dec = decode(builder, builder.gep(wp, [off], source_etype=I8))
+        return dec, [builder.bitcast(v, V64I8) for v in dec.u]
+
+    def out_ptr(m, n):
+        return builder.gep(out, [builder.add(builder.mul(m, N), n)], source_etype=F32)
+
+    with builder.if_else(builder.icmp_signed("==", M, I64(1))) as (single, multi):
+        with single:
+            with cgutils.for_range_slice(builder, lo, hi, I64(1)) as (n, _):
+                acc_v = cgutils.alloca_once_value(builder, ir.Constant(V16F32, 0.0))
+                with cgutils.for_range(builder, nblk) as blk:
+                    dec, u8 = block(n, blk.index)
+                    builder.store(_emit_update(builder, dec, u8, vnni, x, I64(0), blk.index,
+                                               builder.load(acc_v)), acc_v)
+                builder.store(_lane_sum(builder, builder.load(acc_v)), out_ptr(I64(0), n))
+        with multi:
+            tile = builder.sdiv(acc.rows, n_chunks)
+            with cgutils.for_range_slice(builder, lo, hi, tile) as (n0, _):
+                nt = builder.select(builder.icmp_signed("<", builder.sub(hi, n0), tile),
+                                    builder.sub(hi, n0), tile)
+                slot0 = builder.mul(c, tile)
+
+                def lanes(r, m):     # acc[slot0 + r, m] as <16 x float>*
+                    i = builder.mul(builder.add(builder.mul(builder.add(slot0, r), M), m), I64(16))
+                    return builder.bitcast(builder.gep(acc.p, [i], source_etype=F32), V16F32.as_pointer())
+                with cgutils.for_range(builder, nt) as r, cgutils.for_range(builder, M) as m:
+                    builder.store(ir.Constant(V16F32, 0.0), lanes(r.index, m.index), align=4)
+                with cgutils.for_range_slice(builder, I64(0), nblk, I64(GROUP)) as (b0, _):
+                    b1 = builder.add(b0, I64(GROUP))
+                    b1 = builder.select(builder.icmp_signed("<", nblk, b1), nblk, b1)
+                    with cgutils.for_range(builder, nt) as r, \
+                            cgutils.for_range_slice(builder, b0, b1, I64(1)) as (b, _):
+                        dec, u8 = block(builder.add(n0, r.index), b)
+                        with cgutils.for_range(builder, M) as m:      # decoded once, used M times
+                            p = lanes(r.index, m.index)
+                            builder.store(_emit_update(builder, dec, u8, vnni, x, m.index, b,
+                                                       builder.load(p, align=4)), p, align=4)
+                with cgutils.for_range(builder, nt) as r, cgutils.for_range(builder, M) as m:
+                    builder.store(_lane_sum(builder, builder.load(lanes(r.index, m.index), align=4)),
+                                  out_ptr(m.index, builder.add(n0, r.index)))
 
 
-def make_block_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None):
-    """-> intrinsic ``kernel(w, n, b, xq, xd, xbs, acc, c)``: weight super-block ``b`` of
-    row ``n`` times every activation row m, added to the lanes ``acc[c, m, :]``.
+class _Acc(NamedTuple):
+    p: ir.Value      # f32* (rows, M, 16)
+    rows: ir.Value
+
+
+def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None):
+    """-> intrinsic ``kernel(w, xq, xd, xbs, out, acc, c, n_chunks)``: out[:, n] for the
+    rows n of chunk c (see _emit_chunk); acc: float32 (n_chunks·tile, M, 16) scratch.
     ``vnni`` / ``f16c`` pick the instruction path (default: what the target has); every path
     computes the same values."""
     decoder, block_bytes = DECODERS[qtype]
     vnni = have_vnni() if vnni is None else vnni
     f16c = have_f16c() if f16c is None else f16c
 
-    def kernel(typingctx, w, n, b, xq, xd, xbs, acc, c):
-        sig = types.void(w, n, b, xq, xd, xbs, acc, c)
+    def decode(builder, p):
+        return decoder(builder, p, f16c)
+
+    def kernel(typingctx, w, xq, xd, xbs, out, acc, c, n_chunks):
+        sig = types.void(w, xq, xd, xbs, out, acc, c, n_chunks)
 
         def codegen(context, builder, signature, args):
-            wa, _, _, xqa, xda, xbsa, acca, _ = _arrays(context, builder, signature, args)
-            n_, b_, c_ = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2, 7))
+            wa, xqa, xda, xbsa, outa, acca = (context.make_array(t)(context, builder, value=v)
+                                              for t, v in zip(signature.args[:6], args[:6]))
+            c_, nc = (context.cast(builder, v, t, types.int64) for v, t in zip(args[6:], signature.args[6:]))
             M, K = cgutils.unpack_tuple(builder, xqa.shape, 2)
-            dec = decoder(builder, _block_ptr(context, builder, wa, n_, b_, block_bytes), f16c)
-            u8 = [builder.bitcast(v, V64I8) for v in dec.u]
-            acc_p = builder.gep(acca.data, [builder.mul(c_, builder.mul(M, I64(16)))], source_etype=F32)
-            with cgutils.for_range(builder, M) as loop:           # decoded once, used M times
-                a_ptr = builder.bitcast(builder.gep(acc_p, [builder.mul(loop.index, I64(16))],
-                                                    source_etype=F32), V16F32.as_pointer())
-                acc = _emit_update(builder, dec, u8, vnni, xqa.data, xda.data, xbsa.data,
-                                   loop.index, K, b_, builder.load(a_ptr, align=4))
-                builder.store(acc, a_ptr, align=4)
+            x = _Q8K(xqa.data, xda.data, xbsa.data, M, K)
+            N = cgutils.unpack_tuple(builder, outa.shape, 2)[1]
+            row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
+            rows = cgutils.unpack_tuple(builder, acca.shape, 3)[0]
+            _emit_chunk(builder, decode, block_bytes, vnni, wa.data, row_bytes, x, outa.data, N,
+                        _Acc(acca.data, rows), c_, nc)
             return context.get_dummy_value()
         return sig, codegen
 
-    kernel.__name__ = f"block_{_T(qtype).name.lower()}"
+    kernel.__name__ = f"chunk_{_T(qtype).name.lower()}"
     return intrinsic(kernel)
-
-
-def make_row_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None):
-    """-> intrinsic ``kernel(w, n, xq, xd, xbs) -> float32``: dot of weight row ``n`` with
-    the single activation row of xq (M = 1), the lanes kept in registers across the
-    super-blocks.  The same operations in the same order as make_block_kernel + lane_sum."""
-    decoder, block_bytes = DECODERS[qtype]
-    vnni = have_vnni() if vnni is None else vnni
-    f16c = have_f16c() if f16c is None else f16c
-
-    def kernel(typingctx, w, n, xq, xd, xbs):
-        sig = types.float32(w, n, xq, xd, xbs)
-
-        def codegen(context, builder, signature, args):
-            wa, _, xqa, xda, xbsa = _arrays(context, builder, signature, args)
-            n_ = context.cast(builder, args[1], signature.args[1], types.int64)
-            K = cgutils.unpack_tuple(builder, xqa.shape, 2)[1]
-            entry = builder.basic_block
-            head, body, done = (builder.append_basic_block(s) for s in ("blk.head", "blk.body", "blk.done"))
-            builder.branch(head)
-            with builder.goto_block(head):
-                b = builder.phi(I64, name="b")
-                acc = builder.phi(V16F32, name="acc")
-                b.add_incoming(I64(0), entry)
-                acc.add_incoming(ir.Constant(V16F32, 0.0), entry)
-                builder.cbranch(builder.icmp_signed("<", b, builder.sdiv(K, I64(QK_K))), body, done)
-            with builder.goto_block(body):
-                dec = decoder(builder, _block_ptr(context, builder, wa, n_, b, block_bytes), f16c)
-                u8 = [builder.bitcast(v, V64I8) for v in dec.u]
-                new = _emit_update(builder, dec, u8, vnni, xqa.data, xda.data, xbsa.data, I64(0), K, b, acc)
-                b.add_incoming(builder.add(b, I64(1)), builder.basic_block)
-                acc.add_incoming(new, builder.basic_block)
-                builder.branch(head)
-            builder.position_at_end(done)
-            return _lane_sum(builder, acc)
-        return sig, codegen
-
-    kernel.__name__ = f"row_{_T(qtype).name.lower()}"
-    return intrinsic(kernel)
-
-
-@intrinsic
-def lane_sum(typingctx, acc, c, m):
-    """Σ acc[c, m, :] (float32 (n_chunks, M, 16)) in the fixed order of _lane_sum."""
-    sig = types.float32(acc, c, m)
-
-    def codegen(context, builder, signature, args):
-        acca = context.make_array(signature.args[0])(context, builder, value=args[0])
-        c_, m_ = (context.cast(builder, v, t, types.int64) for v, t in zip(args[1:], signature.args[1:]))
-        M = cgutils.unpack_tuple(builder, acca.shape, 3)[1]
-        idx = builder.mul(builder.add(builder.mul(c_, M), m_), I64(16))
-        return _lane_sum(builder, builder.load(builder.gep(acca.data, [idx], source_etype=F32),
-                                               typ=V16F32, align=4))
-    return sig, codegen
 
 
 def make_load_f16(f16c: bool | None = None):
@@ -418,144 +423,46 @@ def make_load_f16(f16c: bool | None = None):
     return intrinsic(load_f16)
 
 
-BLOCK_KERNELS = {qt: make_block_kernel(qt) for qt in DECODERS}
-ROW_KERNELS = {qt: make_row_kernel(qt) for qt in DECODERS}
 load_f16 = make_load_f16()
-
-_block_q2_k, _row_q2_k = BLOCK_KERNELS[int(_T.Q2_K)], ROW_KERNELS[int(_T.Q2_K)]
-_block_q3_k, _row_q3_k = BLOCK_KERNELS[int(_T.Q3_K)], ROW_KERNELS[int(_T.Q3_K)]
-_block_q4_k, _row_q4_k = BLOCK_KERNELS[int(_T.Q4_K)], ROW_KERNELS[int(_T.Q4_K)]
-_block_q5_k, _row_q5_k = BLOCK_KERNELS[int(_T.Q5_K)], ROW_KERNELS[int(_T.Q5_K)]
-_block_q6_k, _row_q6_k = BLOCK_KERNELS[int(_T.Q6_K)], ROW_KERNELS[int(_T.Q6_K)]
+_chunk_q2_k, _chunk_q3_k, _chunk_q4_k, _chunk_q5_k, _chunk_q6_k = (
+    make_chunk_kernel(int(t)) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
 
 
 # ------------------------------------------------------------------------------ drivers
-# matmul_<fmt>(w, xq, xd, xbs, out, acc): out (M, N) = x · Wᵀ from Q8_K activations;
-# acc: float32 (n_chunks, M, 16) scratch.  prange over n_chunks contiguous chunks of
-# output rows.  M = 1: the row kernel.  M > 1: row n's lanes acc[c] gather its super-blocks
-# in order, each decoded once for all M rows, then lane_sum folds them into out[:, n] —
-# the same float operations as the row kernel.  One driver per format: Numba caches a
-# function per definition, so the kernels are global constants, not arguments.  (They live
-# in this file so that an edit of the intrinsics above invalidates their cache.)
+# matmul_<fmt>(w, xq, xd, xbs, out, acc, n_chunks): out (M, N) = x · Wᵀ from Q8_K
+# activations, prange over n_chunks contiguous chunks of output rows; acc: float32
+# (n_chunks·tile, M, 16) scratch (tile rows per chunk for M > 1).  One driver per format:
+# Numba caches a function per definition, so the kernel is a global constant, not an
+# argument; they live in this file so that an edit of the IR above invalidates their cache.
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q2_k(w, xq, xd, xbs, out, acc, n_chunks):
-    n_rows, n_blocks, tile = out.shape[1], xq.shape[1] // QK_K, acc.shape[0] // n_chunks
     for c in prange(n_chunks):
-        lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
-        if out.shape[0] == 1:
-            for n in range(lo, hi):
-                out[0, n] = _row_q2_k(w, n, xq, xd, xbs)
-        else:
-            for n0 in range(lo, hi, tile):
-                nt = min(tile, hi - n0)
-                for r in range(nt):
-                    for m in range(out.shape[0]):
-                        for lane in range(16):
-                            acc[c * tile + r, m, lane] = 0.0
-                for b0 in range(0, n_blocks, GROUP):
-                    for r in range(nt):
-                        for b in range(b0, min(b0 + GROUP, n_blocks)):
-                            _block_q2_k(w, n0 + r, b, xq, xd, xbs, acc, c * tile + r)
-                for r in range(nt):
-                    for m in range(out.shape[0]):
-                        out[m, n0 + r] = lane_sum(acc, c * tile + r, m)
+        _chunk_q2_k(w, xq, xd, xbs, out, acc, c, n_chunks)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q3_k(w, xq, xd, xbs, out, acc, n_chunks):
-    n_rows, n_blocks, tile = out.shape[1], xq.shape[1] // QK_K, acc.shape[0] // n_chunks
     for c in prange(n_chunks):
-        lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
-        if out.shape[0] == 1:
-            for n in range(lo, hi):
-                out[0, n] = _row_q3_k(w, n, xq, xd, xbs)
-        else:
-            for n0 in range(lo, hi, tile):
-                nt = min(tile, hi - n0)
-                for r in range(nt):
-                    for m in range(out.shape[0]):
-                        for lane in range(16):
-                            acc[c * tile + r, m, lane] = 0.0
-                for b0 in range(0, n_blocks, GROUP):
-                    for r in range(nt):
-                        for b in range(b0, min(b0 + GROUP, n_blocks)):
-                            _block_q3_k(w, n0 + r, b, xq, xd, xbs, acc, c * tile + r)
-                for r in range(nt):
-                    for m in range(out.shape[0]):
-                        out[m, n0 + r] = lane_sum(acc, c * tile + r, m)
+        _chunk_q3_k(w, xq, xd, xbs, out, acc, c, n_chunks)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q4_k(w, xq, xd, xbs, out, acc, n_chunks):
-    n_rows, n_blocks, tile = out.shape[1], xq.shape[1] // QK_K, acc.shape[0] // n_chunks
     for c in prange(n_chunks):
-        lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
-        if out.shape[0] == 1:
-            for n in range(lo, hi):
-                out[0, n] = _row_q4_k(w, n, xq, xd, xbs)
-        else:
-            for n0 in range(lo, hi, tile):
-                nt = min(tile, hi - n0)
-                for r in range(nt):
-                    for m in range(out.shape[0]):
-                        for lane in range(16):
-                            acc[c * tile + r, m, lane] = 0.0
-                for b0 in range(0, n_blocks, GROUP):
-                    for r in range(nt):
-                        for b in range(b0, min(b0 + GROUP, n_blocks)):
-                            _block_q4_k(w, n0 + r, b, xq, xd, xbs, acc, c * tile + r)
-                for r in range(nt):
-                    for m in range(out.shape[0]):
-                        out[m, n0 + r] = lane_sum(acc, c * tile + r, m)
+        _chunk_q4_k(w, xq, xd, xbs, out, acc, c, n_chunks)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q5_k(w, xq, xd, xbs, out, acc, n_chunks):
-    n_rows, n_blocks, tile = out.shape[1], xq.shape[1] // QK_K, acc.shape[0] // n_chunks
     for c in prange(n_chunks):
-        lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
-        if out.shape[0] == 1:
-            for n in range(lo, hi):
-                out[0, n] = _row_q5_k(w, n, xq, xd, xbs)
-        else:
-            for n0 in range(lo, hi, tile):
-                nt = min(tile, hi - n0)
-                for r in range(nt):
-                    for m in range(out.shape[0]):
-                        for lane in range(16):
-                            acc[c * tile + r, m, lane] = 0.0
-                for b0 in range(0, n_blocks, GROUP):
-                    for r in range(nt):
-                        for b in range(b0, min(b0 + GROUP, n_blocks)):
-                            _block_q5_k(w, n0 + r, b, xq, xd, xbs, acc, c * tile + r)
-                for r in range(nt):
-                    for m in range(out.shape[0]):
-                        out[m, n0 + r] = lane_sum(acc, c * tile + r, m)
+        _chunk_q5_k(w, xq, xd, xbs, out, acc, c, n_chunks)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q6_k(w, xq, xd, xbs, out, acc, n_chunks):
-    n_rows, n_blocks, tile = out.shape[1], xq.shape[1] // QK_K, acc.shape[0] // n_chunks
     for c in prange(n_chunks):
-        lo, hi = c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks
-        if out.shape[0] == 1:
-            for n in range(lo, hi):
-                out[0, n] = _row_q6_k(w, n, xq, xd, xbs)
-        else:
-            for n0 in range(lo, hi, tile):
-                nt = min(tile, hi - n0)
-                for r in range(nt):
-                    for m in range(out.shape[0]):
-                        for lane in range(16):
-                            acc[c * tile + r, m, lane] = 0.0
-                for b0 in range(0, n_blocks, GROUP):
-                    for r in range(nt):
-                        for b in range(b0, min(b0 + GROUP, n_blocks)):
-                            _block_q6_k(w, n0 + r, b, xq, xd, xbs, acc, c * tile + r)
-                for r in range(nt):
-                    for m in range(out.shape[0]):
-                        out[m, n0 + r] = lane_sum(acc, c * tile + r, m)
+        _chunk_q6_k(w, xq, xd, xbs, out, acc, c, n_chunks)
 
 
 MATMUL_Q8K = {int(_T.Q2_K): matmul_q2_k, int(_T.Q3_K): matmul_q3_k, int(_T.Q4_K): matmul_q4_k,

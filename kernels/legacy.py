@@ -112,7 +112,8 @@ def _matmul_q8act(qtype, w, xq, xsum, xd, xs, out):
         pad = np.zeros((rows, rs), np.uint8)  # zero bytes: d = 0, the lanes are dropped
         pad[:tail] = w[n_tiles * rows:]
         acc = np.zeros(m_rows * rows, np.float32)
-        _tile_blocks(qtype, pad.reshape(-1), 0, rs, xqf, xsumf, xdf, xsf, k, 0, m_rows, acc, 0, rows)
+        _tile_blocks(qtype, pad.reshape(-1), 0, rs, xqf, xsumf, xdf, xsf, k, 0, m_rows,
+                     acc, 0, rows)
         for m in range(m_rows):
             for r in range(tail):
                 out[m, n_tiles * rows + r] = acc[m * rows + r]

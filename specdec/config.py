@@ -36,6 +36,7 @@ class ModelConfig:
     swa_period: int = 0              # layer il is global iff (il + 1) % swa_period == 0
     rope_base_local: float = 10000.0
     embed_scale: float = 1.0         # token embeddings are multiplied by this (gemma: sqrt(d_model))
+    final_logit_softcap: float = 0.0  # gemma3: logits = c * tanh(logits / c) when c > 0
 
     @property
     def n_rep(self) -> int:
@@ -61,10 +62,24 @@ class ModelConfig:
         d_head = int(key("attention.key_length", d_model // n_head))
         emb = gf.tensors.get("token_embd.weight")
         n_vocab = emb.dims[1] if emb is not None else len(gf.require("tokenizer.ggml.tokens"))
-        sliding = int(key("attention.sliding_window", 0)) if arch == "gemma3" else 0
+        n_layer = int(key("block_count"))
+        attn_scale = 1.0 / math.sqrt(d_head)
+        sliding, softcap = 0, 0.0
+        if arch == "gemma3":
+            # llama.cpp (llama_model::load_hparams, LLM_ARCH_GEMMA3): SWA only when the file
+            # gives a window; 1/sqrt(n_embd / n_head) for the 62-layer 27B, else
+            # 1/sqrt(head size); a final logit softcap only when the file sets one.
+            sliding = int(key("attention.sliding_window", 0))
+            softcap = float(key("final_logit_softcapping", 0.0))
+            if n_layer == 62:
+                attn_scale = 1.0 / math.sqrt(d_model // n_head)
+            factor = float(key("rope.scaling.factor", 0.0))
+            if factor not in (0.0, 1.0):
+                raise UnsupportedModelError(
+                    f"{gf.path}: RoPE scaling (factor {factor:g}) is not supported")
         return cls(
             arch=arch,
-            n_layer=int(key("block_count")),
+            n_layer=n_layer,
             d_model=d_model, n_head=n_head, n_head_kv=n_head_kv, d_head=d_head,
             d_ff=int(key("feed_forward_length")),
             n_vocab=int(n_vocab),
@@ -73,8 +88,9 @@ class ModelConfig:
             rope_base=float(key("rope.freq_base", 10000.0)),
             rope_dim=int(key("rope.dimension_count", d_head)),
             rope_type=_ROPE_TYPE[arch],
-            attn_scale=1.0 / math.sqrt(d_head),
+            attn_scale=attn_scale,
             sliding_window=sliding,
             swa_period=6 if sliding else 0,
             embed_scale=math.sqrt(d_model) if arch == "gemma3" else 1.0,
+            final_logit_softcap=softcap,
         )

@@ -128,6 +128,7 @@ def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, st
     cache.check_room(start_pos - cache.n_past + M)
     pos = np.arange(start_pos, start_pos + M, dtype=np.int64)                    # (M,)
     neox = cfg.rope_type == ROPE_NEOX
+    gemma = cfg.arch == "gemma3"
     x = kernels.get_rows(w.tok_embd, w.tok_embd_type, np.asarray(tokens, np.int64), D)  # (M, D)
     if cfg.embed_scale != 1.0:
         x *= np.float32(cfg.embed_scale)
@@ -146,7 +147,9 @@ def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, st
         rope(q, pos, cfg.rope_dim, base, neox)
         rope(k, pos, cfg.rope_dim, base, neox)
         cache.store(il, start_pos, k, v)
-        attention(q, cache.k[il], cache.v[il], pos, np.float32(cfg.attn_scale),
+        if gemma:                    # llama.cpp scales Q, then attends with kq_scale 1
+            q *= np.float32(cfg.attn_scale)
+        attention(q, cache.k[il], cache.v[il], pos, np.float32(1.0 if gemma else cfg.attn_scale),
                   cfg.sliding_window if local else 0, att)
         o = L.wo(att.reshape(M, H * Dh))                                         # (M, D)
         if L.post_attn_norm is not None:
@@ -163,7 +166,12 @@ def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, st
     if last_only:
         x = x[-1:]
     rms_norm(x, w.out_norm, cfg.norm_eps, x)
-    return w.output(x)                                                           # (M, V)
+    logits = w.output(x)                                                         # (M, V)
+    if cfg.final_logit_softcap > 0:                  # gemma3 files that set one
+        logits *= np.float32(1.0 / cfg.final_logit_softcap)
+        np.tanh(logits, out=logits)
+        logits *= np.float32(cfg.final_logit_softcap)
+    return logits
 
 
 class Session:

@@ -195,21 +195,15 @@ def test_matmul_rows_are_independent(qtype, seed, m, n, nb):
         numba.set_num_threads(threads)
 
 
-def _generic_driver(qtype):
-    """The matmul driver over the portable code path (no VNNI, no F16C), serial."""
-    blk = kquants_simd.make_block_kernel(int(qtype), vnni=False, f16c=False)
-    lane_sum = kquants_simd.lane_sum
+def _portable_matmul(qtype):
+    """The matmul over the portable code path (no VNNI, no F16C), 3 chunks, serial."""
+    chunk = kquants_simd.make_chunk_kernel(int(qtype), vnni=False, f16c=False)
 
     @njit
-    def drive(w, xq, xd, xbs, out):
-        acc = np.zeros((1, xq.shape[0], 16), np.float32)
-        for n in range(out.shape[1]):
-            acc[:] = 0.0
-            for b in range(xq.shape[1] // 256):
-                blk(w, n, b, xq, xd, xbs, acc, 0)
-            for m in range(out.shape[0]):
-                out[m, n] = lane_sum(acc, 0, m)
-    return drive
+    def matmul(w, xq, xd, xbs, out, acc):
+        for c in range(3):
+            chunk(w, xq, xd, xbs, out, acc, c, 3)
+    return matmul
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
@@ -218,9 +212,10 @@ def test_portable_path_matches_native_bitwise(qtype):
     w = random_weights(rng, qtype, 7, 2)
     x = rng.standard_normal((5, 512)).astype(np.float32)
     xq, xd, xbs = quantize_q8_k(x)
-    out = np.empty((5, 7), np.float32)
-    _generic_driver(qtype)(w, xq, xd, xbs, out)
-    np.testing.assert_array_equal(out, matmul(qtype, w, x))
+    for m in (1, 5):                           # the M = 1 and the M > 1 paths
+        out = np.empty((m, 7), np.float32)
+        _portable_matmul(qtype)(w, xq[:m], xd[:m], xbs[:m], out, np.empty((3 * 2, m, 16), np.float32))
+        np.testing.assert_array_equal(out, matmul(qtype, w, x[:m]))
 
 
 @pytest.mark.parametrize("f16c", [False, True])
