@@ -1,13 +1,13 @@
 """Speed of the K-quant matmul kernels on the shapes of qwen2.5-coder-1.5b (Q4_K_M).
 
-Random weight blocks (finite fp16 scales) of the real shapes; M = 1 (decoding) and M = 8
-(verifying a drafted block).  Small matrices are replicated to --pool MiB and used in turn,
+Random weight blocks (finite fp16 scales) of the real shapes; M = 1 (decoding) and
+M = 2, 4, 8 (verifying a drafted block).  Small matrices are replicated to --pool MiB and used in turn,
 so weights come from DRAM as in a real decoding step, not from the 32 MiB L3.  Prints µs per
 call (best and median of --reps after a warm-up call; the best is the uncontended speed on a
 shared machine), GB/s of weight bytes read at the best time, the time of the first call
 (compile or cache load) and of quantizing x to Q8_K alone (best).
 
-    python benchmarks/kernels_kquants.py [--reps 30] [--pool 256] [--json out.json]
+    python benchmarks/kernels_kquants.py [--reps 30] [--pool 256] [--m 1 2 4 8] [--json out.json]
 """
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--pool", type=int, default=256, help="MiB of weight copies to cycle through")
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8], help="activation rows")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
@@ -71,18 +72,19 @@ def main() -> None:
         w0 = random_weights(qt, n, k, rng)
         pool = [w0] + [w0.copy() for _ in range(args.pool * 2**20 // w0.nbytes)]
         base = 1.0
-        for m in (1, 8):
+        for m in args.m:
             x = rng.standard_normal((m, k)).astype(np.float32)
             out = np.empty((m, n), np.float32)
-            first, t, med = time_call(lambda i: kquants.MATMUL[int(qt)](pool[i % len(pool)], x, out),
-                                      args.reps)
+            matmul = kquants.MATMUL[int(qt)]
+            first, t, med = time_call(lambda i: matmul(pool[i % len(pool)], x, out), args.reps)
             _, tq, _ = time_call(lambda i: quantize_q8_k(x), args.reps)
             base = t if m == 1 else base
             row = {"tensor": name, "type": qt.name, "N": n, "K": k, "M": m, "first_s": first,
-                   "us": t * 1e6, "median_us": med * 1e6, "GBps": w0.nbytes / t / 1e9, "vs_M1": t / base, "q8k_us": tq * 1e6}
+                   "us": t * 1e6, "median_us": med * 1e6, "GBps": w0.nbytes / t / 1e9,
+                   "vs_M1": t / base, "q8k_us": tq * 1e6}
             rows.append(row)
-            print(f"{name:12s} {qt.name:5s} {n:7d} {k:5d} {m:2d} {first:8.2f} {t * 1e6:8.0f} {med * 1e6:8.0f} "
-                  f"{row['GBps']:6.1f} {row['vs_M1']:5.2f} {tq * 1e6:7.1f}")
+            print(f"{name:12s} {qt.name:5s} {n:7d} {k:5d} {m:2d} {first:8.2f} {t * 1e6:8.0f} "
+                  f"{med * 1e6:8.0f} {row['GBps']:6.1f} {row['vs_M1']:5.2f} {tq * 1e6:7.1f}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -3,7 +3,8 @@
 ``MATMUL[qtype](w, x, out)``: out[m, n] = dot(W[n, :], x[m, :]) the way llama.cpp's CPU
 backend computes it (ggml_vec_dot_qX_K_q8_K): each activation row is quantized to Q8_K
 (q8k.py), every super-block of 256 is an exact integer dot product per scale group, scaled
-by d·dx (and the mins by dmin·dx), and the super-blocks are summed in float32 in order.
+by d·dx (and the mins by dmin·dx), accumulated in float32 super-block after super-block
+(16 lanes, folded in a fixed order at the end; see kquants_simd).
 
     w    uint8 (N, row_bytes) raw GGUF rows, zero-copy, C-contiguous
     x    float32 (M, K), K % 256 == 0
@@ -11,8 +12,8 @@ by d·dx (and the mins by dmin·dx), and the super-blocks are summed in float32 
 
 Each weight super-block is read and decoded once and used for all M rows (kquants_simd);
 no dequantized copy of a weight matrix is ever built.  Row independence: out[m] depends on
-x[m] only, bitwise, whatever M is — every (n, m) goes through the same fixed sequence of
-float operations, with no M-dependent tiling.
+x[m] only, bitwise, whatever M and the thread count are — every (n, m) goes through the
+same fixed sequence of float operations, with no M-dependent tiling.
 
 ``GET_ROWS[qtype](w, ids, out)``: bit-exact dequantization of rows ``ids`` (kquants_dequant).
 """
@@ -28,7 +29,7 @@ from .q8k import QK_K, quantize_q8_k
 
 _T = gguf.GGMLQuantizationType
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
-TILE = 8              # weight rows per tile in the M > 1 drivers (when x is large)
+TILE = 8               # weight rows per tile when M > 1 (they share each x block in L1)
 BLOCK_BYTES = {qt: nbytes for qt, (_, nbytes) in DECODERS.items()}   # bytes per 256 values
 
 
@@ -43,15 +44,16 @@ def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: n
                out: np.ndarray) -> None:
     """out = x · Wᵀ from activations already quantized by q8k.quantize_q8_k, so several
     weight matrices reading the same input (q/k/v, gate/up) can share one quantization."""
-    m, k = xq.shape
+    nb, m = xd.shape
+    k = nb * QK_K
+    if xq.shape != (nb, m, QK_K) or xbs.shape != (nb, m, 16) or not all(
+            a.flags.c_contiguous for a in (xq, xd, xbs)):
+        raise ValueError("activations must be as quantize_q8_k returns them")
     _check_weights(qtype, w, k)
     if out.shape != (m, w.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, w.shape[0])}")
     n_chunks = max(1, min(get_num_threads(), w.shape[0]))   # one contiguous chunk per thread
-    # M > 1 with more Q8_K data than fits next to the weights in L1 (32 KiB): TILE rows
-    # share each group of x blocks (ffn_down: M·K·1.27 bytes of codes, d and bsums)
-    tile = TILE if m > 1 and m * k * 1.27 > 16384 else 1
-    acc = np.empty((n_chunks * tile, m, 16), np.float32)     # lane accumulators per tile row
+    acc = np.empty((n_chunks, TILE, m, 16), np.float32)      # lanes of a tile of rows per chunk
     MATMUL_Q8K[qtype](w, xq, xd, xbs, out, acc, n_chunks)
 
 

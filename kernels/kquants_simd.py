@@ -1,12 +1,11 @@
-"""K-quant × Q8_K matmul kernels: SIMD super-block intrinsics and their prange drivers.
+"""K-quant × Q8_K matmul kernels: SIMD super-block code as Numba intrinsics, prange drivers.
 
 Plain Numba cannot keep a decoded weight block in vector registers across a loop over the
 activation rows (and its byte stores followed by wide loads stall on store forwarding), so
-the inner block is written in portable LLVM vector IR.
-
-``make_block_kernel(qtype)`` -> ``kernel(w, n, b, xq, xd, xbs, acc, c)``: decode super-block
-``b`` of weight row ``n`` into registers ONCE, then for every activation row m add its
-contribution to the 16 float lanes ``acc[c, m, :]`` (``lane_sum`` folds them at the end).
+the work of one thread is written in portable LLVM vector IR: ``make_chunk_kernel(qtype)``
+-> ``kernel(w, xq, xd, xbs, out, acc, c, n_chunks)`` computes the output rows of chunk c;
+each weight super-block is decoded into registers once and used for all M activation rows.
+The ``matmul_<fmt>`` drivers below run the chunks under prange.
 
 Lane-major layout.  Lane L (0…15) of the 16 int32 lanes is the scale group L, i.e. the
 values 16L … 16L+15 of the super-block (every K-quant scale covers 16 or 32 values).  The
@@ -20,13 +19,15 @@ applied once per lane (ggml_vec_dot_qX_K_q8_K: int32 sums per sub-block, then sc
     Q6_K, Q3_K:        acc[L] += (d·dx)·(sc[L]·(dot[L] − off·bsum[L]))   (q = u − off)
 
 All lane values are exact int32 below 2^24 (bounds in the decoders), so the int -> float
-conversion is exact and every lane update is one fused multiply-add per term.  The float
-operations per (n, m) are this fixed sequence, super-block after super-block: out[m] is
-bitwise independent of M and of the other rows.
+conversion is exact and every lane update is one fused multiply-add per term (d·dx is a
+float32 product, as in ggml).  The float operations per (n, m) are this fixed sequence,
+super-block after super-block, then a fixed pairwise fold of the 16 lanes (_lane_sum):
+out[m] is bitwise independent of M, of the other rows and of the chunking.
 
-Arrays (C-contiguous):  w uint8 (N, row_bytes) raw GGUF rows;  xq int8 (M, K) lane-major
-Q8_K codes in [-127, 127];  xd float32 (M, K/256);  xbs int32 (M, K/16) per-16 code sums;
-acc float32 (n_chunks, M, 16).
+Arrays (C-contiguous):  w uint8 (N, row_bytes) raw GGUF rows;  the Q8_K activations in the
+block-major layout of q8k.py: xq int8 (K/256, M, 256) lane-major codes in [-127, 127],
+xd float32 (K/256, M), xbs int32 (K/256, M, 16) per-16 code sums;  out float32 (M, N);
+acc float32 (n_chunks, tile, M, 16) scratch.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic
 
 QK_K = 256
-GROUP = 4             # super-blocks per row visit in the M > 1 drivers
+GROUP = 4       # super-blocks per visit of a tile row (M > 1): their x blocks stay in L1
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
@@ -124,7 +125,8 @@ def _dpbusd(builder, vnni: bool, acc, a_u8, b_i8):
 
 def _fma(builder, a, b, c):
     """a·b + c rounded once (llvm.fma: vfmadd on x86, the same value on any target)."""
-    fn = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
+    fn = builder.module.declare_intrinsic("llvm.fma.v16f32",
+                                          fnty=ir.FunctionType(V16F32, [V16F32] * 3))
     return builder.call(fn, [a, b, c])
 
 
@@ -183,7 +185,8 @@ def _decode_q5_k(builder, p, f16c):
     for k in range(4):
         lo = _lanes(builder, qs, [8 * (L // 4) + 4 * (L % 2) + k for L in LANES],
                     [4 * ((L // 2) % 2) for L in LANES], 0x0F0F0F0F)
-        hi = _lanes(builder, qh, [4 * (L % 2) + k for L in LANES], [L // 2 for L in LANES], 0x01010101)
+        hi = _lanes(builder, qh, [4 * (L % 2) + k for L in LANES], [L // 2 for L in LANES],
+                    0x01010101)
         u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
     sc, mn = _k4_scales(builder, p, 4)
     d = _f16_to_f32(builder, _load(builder, p, 0, I16), f16c)
@@ -231,7 +234,8 @@ def _decode_q3_k(builder, p, f16c):
     u = []
     for k in range(4):
         hsl = [_hsl(L) for L in LANES]
-        hb = _lanes(builder, hm, [4 * t + k for h, s, t in hsl], [4 * h + s for h, s, t in hsl], 0x01010101)
+        hb = _lanes(builder, hm, [4 * t + k for h, s, t in hsl], [4 * h + s for h, s, t in hsl],
+                    0x01010101)
         u.append(builder.or_(_crumbs(builder, qs, k), builder.shl(hb, _splat_i32(2))))
     # scale L: low nibble of byte L%8 (shifted by 4·(L//8)) | 2 bits of byte 8 + L%4 << 4
     V16 = ir.VectorType(I8, 16)
@@ -274,18 +278,18 @@ DECODERS: dict[int, tuple[Callable, int]] = {   # qtype -> (decoder, block bytes
 
 def _emit_update(builder, dec: Decoded, u8, vnni: bool, x, m, b, acc):
     """acc (<16 x float>) + the contribution of decoded block b to activation row m."""
-    K = x.K
-    xrow = builder.add(builder.mul(m, K), builder.mul(b, I64(QK_K)))         # byte offset in xq
-    bs_idx = builder.add(builder.mul(m, builder.sdiv(K, I64(16))), builder.mul(b, I64(16)))
-    bs = builder.load(builder.gep(x.bs, [bs_idx], source_etype=I32), typ=V16I32, align=4)
+    row = builder.add(builder.mul(b, x.M), m)                   # (b, m) in the block-major x
+    bs = builder.load(builder.gep(x.bs, [builder.mul(row, I64(16))], source_etype=I32),
+                      typ=V16I32, align=4)
     # offset codes: start the dot at −off·bsum (the ggml AVX2 paths' q8sums trick)
-    dot = builder.sub(_splat_i32(0), builder.mul(bs, _splat_i32(dec.off))) if dec.off else _splat_i32(0)
+    dot = _splat_i32(0)
+    if dec.off:
+        dot = builder.sub(dot, builder.mul(bs, _splat_i32(dec.off)))
     for k in range(4):
-        xv = builder.load(builder.gep(x.q, [builder.add(xrow, I64(64 * k))], source_etype=I8),
-                          typ=V64I8, align=1)
+        xv = builder.load(builder.gep(x.q, [builder.add(builder.mul(row, I64(QK_K)), I64(64 * k))],
+                                      source_etype=I8), typ=V64I8, align=1)
         dot = _dpbusd(builder, vnni, dot, u8[k], xv)
-    dx_idx = builder.add(builder.mul(m, builder.sdiv(K, I64(QK_K))), b)
-    dx = builder.load(builder.gep(x.d, [dx_idx], source_etype=F32))
+    dx = builder.load(builder.gep(x.d, [row], source_etype=F32))
     acc = _fma(builder, builder.sitofp(builder.mul(dot, dec.sc), V16F32),
                _splat_f32(builder, builder.fmul(dec.d, dx)), acc)
     if dec.dmin is not None:        # − dmin·dx · Σ mn·bsum (ggml_vec_dot_q4_K_q8_K's mins)
@@ -294,85 +298,94 @@ def _emit_update(builder, dec: Decoded, u8, vnni: bool, x, m, b, acc):
     return acc
 
 
+def _prefetch(builder, p):
+    """Read prefetch of the cache line at p into all cache levels (prefetcht0)."""
+    fn = builder.module.declare_intrinsic(
+        "llvm.prefetch.p0", fnty=ir.FunctionType(ir.VoidType(), [p.type, I32, I32, I32]))
+    builder.call(fn, [p, I32(0), I32(3), I32(1)])
+
+
 def _lane_sum(builder, v):
     """Σ of the 16 lanes in a fixed pairwise order: (l, l+8), (l, l+4), (l, l+2), (l, l+1)."""
     for half in (8, 4, 2, 1):
-        v = builder.fadd(_shuffle(builder, v, range(half)), _shuffle(builder, v, range(half, 2 * half)))
+        v = builder.fadd(_shuffle(builder, v, range(half)),
+                         _shuffle(builder, v, range(half, 2 * half)))
     return builder.extract_element(v, I32(0))
 
 
 class _Q8K(NamedTuple):
-    """Data pointers of the Q8_K activations and their sizes."""
-    q: ir.Value      # i8*  codes (M, K)
-    d: ir.Value      # f32* scales (M, K/256)
-    bs: ir.Value     # i32* bsums (M, K/16)
+    """Data pointers of the Q8_K activations (block-major, see q8k.py) and their sizes."""
+    q: ir.Value      # i8*  codes (K/256, M, 256)
+    d: ir.Value      # f32* scales (K/256, M)
+    bs: ir.Value     # i32* bsums (K/256, M, 16)
     M: ir.Value
-    K: ir.Value
+    nblk: ir.Value   # K/256
 
 
 def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x: _Q8K, out, N,
-                acc, c, n_chunks):
-    """Rows lo … hi−1 of chunk c (of n_chunks) of out (f32* (M, N)).  M = 1: each row in
-    registers, super-block after super-block.  M > 1: tiles of acc_rows / n_chunks rows;
-    for each group of GROUP super-blocks, each row of the tile decodes its blocks once and
-    updates the lanes acc[slot, m] (f32* (acc_rows, M, 16)) of every activation row m; the
-    tile's x blocks stay in L1.  Both paths do the same float operations per (n, m)."""
-    M, nblk = x.M, builder.sdiv(x.K, I64(QK_K))
+                acc, tile, c, n_chunks):
+    """out (f32* (M, N)) rows n = lo … hi−1 of chunk c of n_chunks.
+
+    M = 1: the 16 lanes in registers, super-block after super-block.
+    M > 1: tiles of ``tile`` rows; for each group of GROUP super-blocks (whose x blocks then
+    stay in L1), each row of the tile decodes its blocks once (prefetching the row's next
+    group: the tile's interleaved rows defeat the hardware prefetcher) and every activation
+    row m updates its lanes acc[c, r, m] (f32* (n_chunks, tile, M, 16)).
+    Both paths do the same float operations per (n, m); _lane_sum folds the lanes into
+    out[m, n]."""
+    M, nblk = x.M, x.nblk
     lo = builder.sdiv(builder.mul(c, N), n_chunks)
     hi = builder.sdiv(builder.mul(builder.add(c, I64(1)), N), n_chunks)
 
-    def block(n, b):
+    def decoded(n, b, prefetch=0):
         off = builder.add(builder.mul(n, row_bytes), builder.mul(b, I64(block_bytes)))
-        dec = decode(builder, builder.gep(wp, [off], source_etype=I8))
+        p = builder.gep(wp, [off], source_etype=I8)
+        for line in range(0, block_bytes + 64, 64) if prefetch else ():
+            _prefetch(builder, builder.gep(p, [I64(prefetch + line)], source_etype=I8))
+        dec = decode(builder, p)
         return dec, [builder.bitcast(v, V64I8) for v in dec.u]
 
     def out_ptr(m, n):
         return builder.gep(out, [builder.add(builder.mul(m, N), n)], source_etype=F32)
 
+    def smaller(a, b):
+        return builder.select(builder.icmp_signed("<", a, b), a, b)
+
+    acc1 = cgutils.alloca_once(builder, V16F32)
     with builder.if_else(builder.icmp_signed("==", M, I64(1))) as (single, multi):
-        with single:
-            with cgutils.for_range_slice(builder, lo, hi, I64(1)) as (n, _):
-                acc_v = cgutils.alloca_once_value(builder, ir.Constant(V16F32, 0.0))
-                with cgutils.for_range(builder, nblk) as blk:
-                    dec, u8 = block(n, blk.index)
-                    builder.store(_emit_update(builder, dec, u8, vnni, x, I64(0), blk.index,
-                                               builder.load(acc_v)), acc_v)
-                builder.store(_lane_sum(builder, builder.load(acc_v)), out_ptr(I64(0), n))
-        with multi:
-            tile = builder.sdiv(acc.rows, n_chunks)
-            with cgutils.for_range_slice(builder, lo, hi, tile) as (n0, _):
-                nt = builder.select(builder.icmp_signed("<", builder.sub(hi, n0), tile),
-                                    builder.sub(hi, n0), tile)
-                slot0 = builder.mul(c, tile)
+        with single, cgutils.for_range_slice(builder, lo, hi, I64(1)) as (n, _):
+            builder.store(ir.Constant(V16F32, 0.0), acc1)
+            with cgutils.for_range(builder, nblk) as blk:
+                dec, u8 = decoded(n, blk.index)
+                builder.store(_emit_update(builder, dec, u8, vnni, x, I64(0), blk.index,
+                                           builder.load(acc1)), acc1)
+            builder.store(_lane_sum(builder, builder.load(acc1)), out_ptr(I64(0), n))
+        with multi, cgutils.for_range_slice(builder, lo, hi, tile) as (n0, _):
+            nt = smaller(builder.sub(hi, n0), tile)
 
-                def lanes(r, m):     # acc[slot0 + r, m] as <16 x float>*
-                    i = builder.mul(builder.add(builder.mul(builder.add(slot0, r), M), m), I64(16))
-                    return builder.bitcast(builder.gep(acc.p, [i], source_etype=F32), V16F32.as_pointer())
-                with cgutils.for_range(builder, nt) as r, cgutils.for_range(builder, M) as m:
-                    builder.store(ir.Constant(V16F32, 0.0), lanes(r.index, m.index), align=4)
-                with cgutils.for_range_slice(builder, I64(0), nblk, I64(GROUP)) as (b0, _):
-                    b1 = builder.add(b0, I64(GROUP))
-                    b1 = builder.select(builder.icmp_signed("<", nblk, b1), nblk, b1)
-                    with cgutils.for_range(builder, nt) as r, \
-                            cgutils.for_range_slice(builder, b0, b1, I64(1)) as (b, _):
-                        dec, u8 = block(builder.add(n0, r.index), b)
-                        with cgutils.for_range(builder, M) as m:      # decoded once, used M times
-                            p = lanes(r.index, m.index)
-                            builder.store(_emit_update(builder, dec, u8, vnni, x, m.index, b,
-                                                       builder.load(p, align=4)), p, align=4)
-                with cgutils.for_range(builder, nt) as r, cgutils.for_range(builder, M) as m:
-                    builder.store(_lane_sum(builder, builder.load(lanes(r.index, m.index), align=4)),
-                                  out_ptr(m.index, builder.add(n0, r.index)))
-
-
-class _Acc(NamedTuple):
-    p: ir.Value      # f32* (rows, M, 16)
-    rows: ir.Value
+            def lanes(r, m):     # acc[c, r, m] as <16 x float>*
+                slot = builder.add(builder.mul(c, tile), r)
+                i = builder.mul(builder.add(builder.mul(slot, M), m), I64(16))
+                return builder.bitcast(builder.gep(acc, [i], source_etype=F32), V16F32.as_pointer())
+            with cgutils.for_range(builder, nt) as r, cgutils.for_range(builder, M) as m:
+                builder.store(ir.Constant(V16F32, 0.0), lanes(r.index, m.index), align=4)
+            with cgutils.for_range_slice(builder, I64(0), nblk, I64(GROUP)) as (b0, _):
+                b1 = smaller(builder.add(b0, I64(GROUP)), nblk)
+                with cgutils.for_range(builder, nt) as r, \
+                        cgutils.for_range_slice(builder, b0, b1, I64(1)) as (b, _):
+                    dec, u8 = decoded(builder.add(n0, r.index), b, GROUP * block_bytes)
+                    with cgutils.for_range(builder, M) as m:          # decoded once, used M times
+                        p = lanes(r.index, m.index)
+                        builder.store(_emit_update(builder, dec, u8, vnni, x, m.index, b,
+                                                   builder.load(p, align=4)), p, align=4)
+            with cgutils.for_range(builder, nt) as r, cgutils.for_range(builder, M) as m:
+                builder.store(_lane_sum(builder, builder.load(lanes(r.index, m.index), align=4)),
+                              out_ptr(m.index, builder.add(n0, r.index)))
 
 
 def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None):
     """-> intrinsic ``kernel(w, xq, xd, xbs, out, acc, c, n_chunks)``: out[:, n] for the
-    rows n of chunk c (see _emit_chunk); acc: float32 (n_chunks·tile, M, 16) scratch.
+    rows n of chunk c (see _emit_chunk); acc: float32 (n_chunks, tile, M, 16) scratch.
     ``vnni`` / ``f16c`` pick the instruction path (default: what the target has); every path
     computes the same values."""
     decoder, block_bytes = DECODERS[qtype]
@@ -388,14 +401,15 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
         def codegen(context, builder, signature, args):
             wa, xqa, xda, xbsa, outa, acca = (context.make_array(t)(context, builder, value=v)
                                               for t, v in zip(signature.args[:6], args[:6]))
-            c_, nc = (context.cast(builder, v, t, types.int64) for v, t in zip(args[6:], signature.args[6:]))
-            M, K = cgutils.unpack_tuple(builder, xqa.shape, 2)
-            x = _Q8K(xqa.data, xda.data, xbsa.data, M, K)
+            c_, nc = (context.cast(builder, v, t, types.int64)
+                      for v, t in zip(args[6:], signature.args[6:]))
+            nblk, M = cgutils.unpack_tuple(builder, xda.shape, 2)
+            x = _Q8K(xqa.data, xda.data, xbsa.data, M, nblk)
             N = cgutils.unpack_tuple(builder, outa.shape, 2)[1]
             row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
-            rows = cgutils.unpack_tuple(builder, acca.shape, 3)[0]
+            tile = cgutils.unpack_tuple(builder, acca.shape, 4)[1]
             _emit_chunk(builder, decode, block_bytes, vnni, wa.data, row_bytes, x, outa.data, N,
-                        _Acc(acca.data, rows), c_, nc)
+                        acca.data, tile, c_, nc)
             return context.get_dummy_value()
         return sig, codegen
 
@@ -431,9 +445,9 @@ _chunk_q2_k, _chunk_q3_k, _chunk_q4_k, _chunk_q5_k, _chunk_q6_k = (
 # ------------------------------------------------------------------------------ drivers
 # matmul_<fmt>(w, xq, xd, xbs, out, acc, n_chunks): out (M, N) = x · Wᵀ from Q8_K
 # activations, prange over n_chunks contiguous chunks of output rows; acc: float32
-# (n_chunks·tile, M, 16) scratch (tile rows per chunk for M > 1).  One driver per format:
-# Numba caches a function per definition, so the kernel is a global constant, not an
-# argument; they live in this file so that an edit of the IR above invalidates their cache.
+# (n_chunks, tile, M, 16) scratch.  One driver per format: Numba caches a function per
+# definition, so the kernel is a global constant, not an argument; the drivers live in
+# this file so that an edit of the IR above invalidates their cache.
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q2_k(w, xq, xd, xbs, out, acc, n_chunks):

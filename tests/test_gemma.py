@@ -20,14 +20,16 @@ differences into large output differences.  Every matmul quantizes its input act
 Q8_0 / Q8_K, and a last-bit difference anywhere flips some of those roundings; Gemma's
 post-norms then rescale tiny branch outputs (RMS down to 1e-4) to unit size, so the flips
 grow layer by layer.  Measured on this engine: scaling the embedding row by
-(1 + 1e-6·N(0, 1)) per dimension, 12 draws, moves the perplexity between 17.19 and 17.37
-(mean 17.31, sd 0.06 = 0.36%) and the first-step top-32 logits against llama.cpp between
-mean 0.22-0.40 / max 0.74-1.52; the same forward with float activations (no Q8 rounding)
-is stable to every digit under that perturbation and scores 17.18.  So the first-step and
-perplexity checks of test_reference.py (mean 0.35 / max 1.0, 1%) are below the noise floor
-of any implementation that does not reproduce ggml's float summation orders bit for bit;
-the tolerances here sit just above the measured noise.  The greedy check is the same as
-for the other models.
+(1 + 1e-6·N(0, 1)) per dimension, 16 draws, moves the perplexity between 17.07 and 17.37
+(mean 17.29, sd 0.08 = 0.44%; llama.cpp 17.15), the first-step top-32 logits against
+llama.cpp between mean 0.22-0.43 / max 0.74-1.52, and flips the greedy token at a step where
+llama.cpp's top-2 margin is 0.63 in 5 of the 16 draws; the same forward with float
+activations (no Q8 rounding) is stable to every digit under that perturbation and scores
+17.18.  So the checks of test_reference.py (margin 0.5, mean 0.35 / max 1.0, 1%) are below
+the noise floor of any implementation that does not reproduce ggml's float summation orders
+bit for bit; the bounds here sit about three standard deviations above the measured noise,
+far below what a wrong rule gives (every layer on the global RoPE base: mean 1.5, max 4.4,
+perplexity +81%; every layer on the local base: mean 1.1, max 3.5).
 """
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ GEMMA = "gemma-3-270m-q4_k_m"
 QWEN = "qwen2.5-coder-0.5b-instruct"
 END_OF_TURN = 106
 
-LOGIT_MEAN, LOGIT_MAX = 0.45, 1.75     # first-step top-32 logits, |ours - llama.cpp|
+MARGIN = 1.0                           # greedy ids must match up to llama.cpp's first margin below this
+LOGIT_MEAN, LOGIT_MAX = 0.5, 2.0       # first-step top-32 logits, |ours - llama.cpp|
 PPL_REL = 0.02                         # perplexity, relative
 
 # 7 layers, window 3: layers 0-4 and 6 slide, layer 5 is global; 12 tokens > window
@@ -160,7 +163,8 @@ def test_window_keeps_rollback_exact(tiny_model):
 # ------------------------------------------------------------ the real model vs llama.cpp
 
 @pytest.mark.real
-def test_greedy_matches_llamacpp(real_model):
+def test_greedy_matches_llamacpp(real_model, monkeypatch):
+    monkeypatch.setattr(ref, "MARGIN", MARGIN)
     ref.test_greedy_matches_llamacpp(real_model, GEMMA)
 
 
@@ -173,7 +177,7 @@ def test_first_step_logits(real_model):
         top = np.array(r["first_top32"], dtype=np.float64)           # (32, 2) id, logit
         ids = top[:, 0].astype(np.int64)
         diffs.append(np.abs(logits[ids] - top[:, 1]))
-        if r["margins"][0] >= ref.MARGIN:
+        if r["margins"][0] >= MARGIN:
             assert int(np.argmax(logits)) == int(ids[0]), r["prompt"][:40]
     d = np.concatenate(diffs)
     print(f"\n{GEMMA}: first-step top-32 logits |ours - llama.cpp| mean {d.mean():.3f} max {d.max():.3f}")

@@ -90,25 +90,29 @@ def test_q8k_matches_ggml_rule(seed, m, nb, log_scale, pattern):
         x = rng.integers(-126, 126, x.shape) + 0.5
         x[:, ::256] = 127.0
     x = x.astype(np.float32)
-    xq, xd, xbs = quantize_q8_k(x)
+    xq, xd, xbs = quantize_q8_k(x)               # block-major: (K/256, M, ·)
     q_ref, d_ref, bs_ref = q8k_reference(x)
     np.testing.assert_array_equal(natural_order(xq), q_ref)
-    np.testing.assert_array_equal(xd.view(np.uint32), d_ref.view(np.uint32))
-    np.testing.assert_array_equal(xbs, bs_ref)
+    np.testing.assert_array_equal(xd.T.view(np.uint32), d_ref.view(np.uint32))
+    np.testing.assert_array_equal(xbs.transpose(1, 0, 2).reshape(m, -1), bs_ref)
     assert xq.min() >= -127
 
 
-def test_q8k_lane_major_layout():
-    """Byte 64k + 4L + i of a block holds the code of value 16L + 4k + i."""
-    x = np.zeros((1, 256), np.float32)
-    x[0, :127] = np.arange(1, 128)           # max 127 -> iscale -1: value v gets code -(v+1)
-    xq, xd, _ = quantize_q8_k(x)
-    assert xd[0, 0] == -1.0
+def test_q8k_layout():
+    """Block b of row m is xq[b, m]; its byte 64k + 4L + i holds the code of value
+    16L + 4k + i."""
+    x = np.zeros((2, 512), np.float32)
+    x[1, 256:256 + 127] = np.arange(1, 128)  # max 127 -> iscale -1: value v gets code -(v+1)
+    xq, xd, xbs = quantize_q8_k(x)
+    assert xq.shape == (2, 2, 256) and xd.shape == (2, 2) and xbs.shape == (2, 2, 16)
+    assert xd[1, 1] == -1.0 and xd[0, 1] == xd[1, 0] == xd[0, 0] == 0.0
+    assert not xq[0].any() and not xq[1, 0].any()
     for k in range(4):
         for lane in range(16):
             for i in range(4):
                 v = 16 * lane + 4 * k + i
-                assert xq[0, 64 * k + 4 * lane + i] == (-(v + 1) if v < 127 else 0)
+                assert xq[1, 1, 64 * k + 4 * lane + i] == (-(v + 1) if v < 127 else 0)
+    assert xbs[1, 1, 0] == -sum(range(1, 17))
 
 
 # ----------------------------------------------------------------------------- matmul
@@ -150,7 +154,7 @@ def error_bound(qtype, w, x):
     dmin = np.abs(halves[1]) if qtype in HAS_DMIN else 0.0 * d
     amp = d * MAX_SCQ[qtype] + dmin * MAX_MN[qtype]                           # (N, nb)
     wabs = np.abs(dequant(w, qtype).astype(np.float64)).reshape(-1, nb, 256).sum(-1)   # (N, nb)
-    dx = np.abs(xd.astype(np.float64))                                          # (M, nb)
+    dx = np.abs(xd.T.astype(np.float64))                                        # (M, nb)
     q8 = 0.5 * (1 + 2.0 ** -10) * dx @ wabs.T
     xabs = np.abs(x.astype(np.float64)).reshape(m, nb, 256).sum(-1) + 256 * dx    # (M, nb)
     return q8 + (nb + 16) * 2.0 ** -23 * xabs @ amp.T
@@ -211,10 +215,10 @@ def test_portable_path_matches_native_bitwise(qtype):
     rng = np.random.default_rng(int(qtype))
     w = random_weights(rng, qtype, 7, 2)
     x = rng.standard_normal((5, 512)).astype(np.float32)
-    xq, xd, xbs = quantize_q8_k(x)
     for m in (1, 5):                           # the M = 1 and the M > 1 paths
+        xq, xd, xbs = quantize_q8_k(x[:m])
         out = np.empty((m, 7), np.float32)
-        _portable_matmul(qtype)(w, xq[:m], xd[:m], xbs[:m], out, np.empty((3 * 2, m, 16), np.float32))
+        _portable_matmul(qtype)(w, xq, xd, xbs, out, np.empty((3, 2, m, 16), np.float32))
         np.testing.assert_array_equal(out, matmul(qtype, w, x[:m]))
 
 
@@ -253,6 +257,33 @@ def test_get_rows_bit_exact(qtype, seed, n, nb, n_ids):
     out = np.full((n_ids, 256 * nb), np.nan, np.float32)
     kquants.GET_ROWS[int(qtype)](w, ids, out)
     np.testing.assert_array_equal(out.view(np.uint32), dequant(w, qtype)[ids].view(np.uint32))
+
+
+# ------------------------------------------------------------------ real model tensors
+
+@pytest.mark.real
+def test_real_tensors_zero_copy():
+    """qwen2.5-coder-1.5b Q4_K_M: matmul on read-only memmap rows within the bound,
+    get_rows bit-exact, M=1 vs M=3 bitwise."""
+    from conftest import real_model_path
+
+    from specdec.gguf_file import GGUFFile
+    g = GGUFFile(real_model_path("qwen2.5-coder-1.5b-instruct-q4_k_m"))
+    rng = np.random.default_rng(0)
+    for name in ("blk.0.ffn_gate.weight", "blk.0.ffn_down.weight", "output.weight",
+                 "token_embd.weight"):
+        qtype = T(g.tensors[name].ggml_type)
+        w = g.tensor(name)[:160]                           # (160, row_bytes) view of the file
+        k = w.shape[1] // kquants.BLOCK_BYTES[int(qtype)] * 256
+        x = rng.standard_normal((3, k)).astype(np.float32)
+        out = matmul(qtype, w, x)
+        ref = x.astype(np.float64) @ dequant(np.asarray(w), qtype).astype(np.float64).T
+        assert np.all(np.abs(out - ref) <= error_bound(qtype, np.asarray(w), x)), name
+        np.testing.assert_array_equal(matmul(qtype, w, x[1:2])[0], out[1])
+        ids = np.array([0, 159, 7, 7])
+        rows = np.empty((4, k), np.float32)
+        kquants.GET_ROWS[int(qtype)](w, ids, rows)
+        np.testing.assert_array_equal(rows, dequant(np.asarray(w), qtype)[ids])
 
 
 # -------------------------------------------------------------------------- validation
