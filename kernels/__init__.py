@@ -16,18 +16,23 @@ from __future__ import annotations
 import numpy as np
 
 from . import kquants, legacy
+from .float_act import MATMUL_FLOAT_ACT
 
 MATMUL = {**legacy.MATMUL, **kquants.MATMUL}      # ggml type id -> fn(w, x, out)
 GET_ROWS = {**legacy.GET_ROWS, **kquants.GET_ROWS}  # ggml type id -> fn(w, ids, out)
 SUPPORTED_TYPES = frozenset(MATMUL) & frozenset(GET_ROWS)
 
 
-def matmul(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Y = X · Wᵀ.  w: (N, ·) raw rows, x: (M, K) float32 -> (M, N) float32."""
+def matmul(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = None,
+           float_act: bool = False) -> np.ndarray:
+    """Y = X · Wᵀ.  w: (N, ·) raw rows, x: (M, K) float32 -> (M, N) float32.
+
+    float_act: keep the activations in float32 instead of rounding them to 8 bits per block
+    (float_act.py); block-quantized types only, the float types never round."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if out is None:
         out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
-    MATMUL[qtype](w, x, out)
+    (MATMUL_FLOAT_ACT if float_act and qtype in MATMUL_FLOAT_ACT else MATMUL)[qtype](w, x, out)
     return out
 
 

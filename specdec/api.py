@@ -43,13 +43,13 @@ class Completion:
 class Model:
     """A loaded GGUF model: config, tokenizer and memory-mapped weights (nothing is copied)."""
 
-    def __init__(self, path: str | os.PathLike, n_ctx: int | None = None):
+    def __init__(self, path: str | os.PathLike, n_ctx: int | None = None, activations: str = "auto"):
         self.path = str(path)
         self.name = os.path.basename(self.path)
         self.gguf = GGUFFile(path)
         self.config = ModelConfig.from_gguf(self.gguf)
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata, self.path)
-        self.weights = Weights.from_gguf(self.gguf, self.config)
+        self.weights = Weights.from_gguf(self.gguf, self.config, activations)
         self.n_ctx = int(n_ctx or min(DEFAULT_N_CTX, self.config.n_ctx_train))
 
     def __repr__(self) -> str:
@@ -130,6 +130,10 @@ def _completion(model: Model, prompt_ids: list[int], res: GenerationResult) -> C
 
 
 def load(path_or_id: str | os.PathLike, n_ctx: int | None = None, download: bool = True,
-         progress: bool = True) -> Model:
-    """Load a GGUF file, or a known model id (fetched into the model cache on first use)."""
-    return Model(hub.resolve(str(path_or_id), download=download, progress=progress), n_ctx=n_ctx)
+         progress: bool = True, activations: str = "auto") -> Model:
+    """Load a GGUF file, or a known model id (fetched into the model cache on first use).
+
+    activations: "q8" (round matmul inputs to 8 bits per block, as llama.cpp), "float" (keep
+    them in float32 in the layers), or "auto" (float for gemma3, q8 otherwise)."""
+    return Model(hub.resolve(str(path_or_id), download=download, progress=progress), n_ctx=n_ctx,
+                 activations=activations)

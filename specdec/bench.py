@@ -36,8 +36,9 @@ LLAMACPP = {
     "smollm2-135m-instruct-q4_1": {"pp64": 377.0, "tg64": 112.0},
     "gemma-3-270m-q4_k_m": {"pp64": 653.0, "tg64": 49.9},
 }
+# "id:q8" / "id:float": the model with that activations= choice (gemma3 defaults to float)
 DECODE_MODELS = ["smollm2-135m-instruct-q4_1", "qwen2.5-coder-0.5b-instruct",
-                 "qwen2.5-coder-1.5b-instruct-q4_k_m", "gemma-3-270m-q4_k_m"]
+                 "qwen2.5-coder-1.5b-instruct-q4_k_m", "gemma-3-270m-q4_k_m", "gemma-3-270m-q4_k_m:q8"]
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
     "Explain in three sentences what a hash table is and why lookups are fast.",
@@ -98,8 +99,9 @@ def _warm(model) -> float:
 
 def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: int = 3) -> dict:
     import specdec
+    base_id, _, activations = model_id.partition(":")
     t = time.perf_counter()
-    m = specdec.load(model_id, n_ctx=n_pp + n_tg + 8)
+    m = specdec.load(base_id, n_ctx=n_pp + n_tg + 8, activations=activations or "auto")
     load_s = time.perf_counter() - t
     warm_s = _warm(m)
     rng = np.random.default_rng(0)
@@ -117,7 +119,7 @@ def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: i
             tok = int(np.argmax(s.eval([tok])[-1]))
         tg_best = max(tg_best, n_tg / (time.perf_counter() - t))
     wb = weight_bytes_per_token(m)
-    ref = LLAMACPP.get(model_id, {})
+    ref = LLAMACPP.get(base_id, {})
     return {"model": model_id, "load_s": round(load_s, 2), "compile_or_warm_s": round(warm_s, 2),
             "pp64_tok_s": round(pp_best, 2), "tg64_tok_s": round(tg_best, 2),
             "weight_bytes_per_token": wb, "tg_gb_s": round(wb * tg_best / 1e9, 2),

@@ -77,6 +77,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N", help="context size (default: min(4096, trained))")
     g.add_argument("-t", "--threads", type=int, default=0, metavar="N",
                    help="threads of the Numba kernels (default: all cores)")
+    g.add_argument("--activations", default="auto", choices=("auto", "q8", "float"),
+                   help="matmul inputs: q8 rounds them to 8 bits per block like llama.cpp (faster), "
+                        "float keeps them exact; auto: float for gemma3, q8 otherwise")
     g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None, metavar="N",
                    help="accepted for llama-cli compatibility; specdec runs on the CPU")
     g = p.add_argument_group("prompt")
@@ -182,11 +185,11 @@ def _check_run_args(a) -> None:
         raise ConfigError("--ctx-size and --threads must be >= 0")
 
 
-def _load(name: str, n_ctx: int):
+def _load(name: str, n_ctx: int, activations: str = "auto"):
     from .api import load
     t0 = time.perf_counter()
     _progress(f"specdec: loading {name} ...")
-    m = load(name, n_ctx=n_ctx or None)
+    m = load(name, n_ctx=n_ctx or None, activations=activations)
     _progress(f"specdec: loaded {m.name} ({m.config.arch}, {m.config.n_layer} layers) in "
               f"{time.perf_counter() - t0:.1f} s; compiling kernels on first run (cached afterwards) ...")
     t0 = time.perf_counter()
@@ -215,8 +218,8 @@ def cmd_run(a) -> int:
             raise ConfigError(f"--file {a.file}: {e.strerror}") from None
     else:
         prompt = a.prompt if a.prompt is not None else ""
-    target = _load(a.model, a.ctx_size)
-    draft = _load(a.draft_model, a.ctx_size) if a.draft_model else None
+    target = _load(a.model, a.ctx_size, a.activations)
+    draft = _load(a.draft_model, a.ctx_size, a.activations) if a.draft_model else None
     spec = a.draft or ("model" if draft is not None else None)     # who drafts; None: plain
     if a.conversation:
         return _chat(a, target, draft, spec, first=prompt or None)

@@ -31,9 +31,10 @@ class Linear:
     n_in: int
     n_out: int
     bias: np.ndarray | None = None     # (N,) float32
+    float_act: bool = False            # keep activations in float32 (kernels/float_act.py)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        y = kernels.matmul(self.w, self.qtype, x)      # (M, K) -> (M, N)
+        y = kernels.matmul(self.w, self.qtype, x, float_act=self.float_act)   # (M, K) -> (M, N)
         if self.bias is not None:
             y += self.bias
         return y
@@ -65,7 +66,14 @@ class Weights:
     output: Linear                   # (D) -> (V); the embedding table when tied
 
     @classmethod
-    def from_gguf(cls, gf: GGUFFile, cfg: ModelConfig) -> "Weights":
+    def from_gguf(cls, gf: GGUFFile, cfg: ModelConfig, activations: str = "auto") -> "Weights":
+        """activations: "q8" rounds each matmul's input to 8 bits per block as llama.cpp does
+        (faster); "float" keeps the layers' activations in float32 (the output head always
+        rounds); "auto" is "float" for gemma3, whose post-norms make the rounding chaotic
+        (kernels/float_act.py), and "q8" otherwise."""
+        if activations not in ("auto", "q8", "float"):
+            raise ValueError(f"activations must be 'auto', 'q8' or 'float', not {activations!r}")
+        float_act = activations == "float" or (activations == "auto" and cfg.arch == "gemma3")
         D, H, Hkv, Dh, F, V = cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_ff, cfg.n_vocab
 
         def vec(name, n):
@@ -77,13 +85,13 @@ class Weights:
         def opt_vec(name, n):
             return vec(name, n) if name in gf.tensors else None
 
-        def lin(name, n_in, n_out, bias=False):
+        def lin(name, n_in, n_out, bias=False, exact=False):
             t = _info(gf, name, (n_in, n_out))
             if t.ggml_type not in kernels.SUPPORTED_TYPES:
                 raise UnsupportedModelError(
                     f"{gf.path}: tensor {name!r} has unsupported type {t.type_name}")
             b = opt_vec(name.replace(".weight", ".bias"), n_out) if bias else None
-            return Linear(name, gf.tensor(name), t.ggml_type, n_in, n_out, b)
+            return Linear(name, gf.tensor(name), t.ggml_type, n_in, n_out, b, exact)
 
         layers = []
         for i in range(cfg.n_layer):
@@ -91,14 +99,14 @@ class Weights:
             gemma = cfg.arch == "gemma3"
             layers.append(Layer(
                 attn_norm=vec(p + "attn_norm.weight", D),
-                wq=lin(p + "attn_q.weight", D, H * Dh, bias=True),
-                wk=lin(p + "attn_k.weight", D, Hkv * Dh, bias=True),
-                wv=lin(p + "attn_v.weight", D, Hkv * Dh, bias=True),
-                wo=lin(p + "attn_output.weight", H * Dh, D),
+                wq=lin(p + "attn_q.weight", D, H * Dh, bias=True, exact=float_act),
+                wk=lin(p + "attn_k.weight", D, Hkv * Dh, bias=True, exact=float_act),
+                wv=lin(p + "attn_v.weight", D, Hkv * Dh, bias=True, exact=float_act),
+                wo=lin(p + "attn_output.weight", H * Dh, D, exact=float_act),
                 ffn_norm=vec(p + "ffn_norm.weight", D),
-                w_gate=lin(p + "ffn_gate.weight", D, F),
-                w_up=lin(p + "ffn_up.weight", D, F),
-                w_down=lin(p + "ffn_down.weight", F, D),
+                w_gate=lin(p + "ffn_gate.weight", D, F, exact=float_act),
+                w_up=lin(p + "ffn_up.weight", D, F, exact=float_act),
+                w_down=lin(p + "ffn_down.weight", F, D, exact=float_act),
                 q_norm=vec(p + "attn_q_norm.weight", Dh) if gemma else None,
                 k_norm=vec(p + "attn_k_norm.weight", Dh) if gemma else None,
                 post_attn_norm=vec(p + "post_attention_norm.weight", D) if gemma else None,

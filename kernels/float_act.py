@@ -1,0 +1,126 @@
+"""Quantized weights × float32 activations: the path that does not round activations.
+
+``MATMUL_FLOAT_ACT[qtype](w, x, out)``: out[m, n] = dot(dequant(W[n, :]), x[m, :]) with x
+kept in float32.  Each weight row is dequantized into a per-thread buffer of K floats (the
+same bit-exact decoders as the embedding lookup, so never a dequantized copy of the matrix),
+then dotted with every activation row in 32 float32 lanes folded in a fixed order
+(legacy._dot_f32).  Every (n, m) runs the same operations whatever M is: rows stay
+independent, bitwise.
+
+Why it exists: the default kernels round each activation row to 8 bits per block the way
+llama.cpp does (Q8_0 / Q8_1 / Q8_K), which is faster and tracks llama.cpp closely on llama
+and qwen2 models.  On gemma3 the post-attention and post-feed-forward norms rescale tiny
+branch outputs to unit size, so those roundings become chaotic: a 1e-6 relative nudge of the
+input moves the perplexity by 0.4% and the first-step logits by up to 1.5.  Float
+activations are stable under the same nudge, so gemma3 layers use this path by default
+(``specdec.load(..., activations="q8")`` picks the rounded path back).
+
+    w    uint8 (N, row_bytes) raw GGUF rows of a block-quantized type
+    x    float32 (M, K), C-contiguous
+    out  float32 (M, N), filled in place
+"""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+from numba import njit, prange
+
+from . import kquants_dequant as dq
+from .legacy import _dot_f32, _f16_at, _frozen
+
+_T = gguf.GGMLQuantizationType
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
+BLOCK = {qt: gguf.GGML_QUANT_SIZES[_T(qt)] for qt in
+         (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}   # (values, bytes)
+
+
+@njit(cache=True, nogil=True)
+def _dequant_legacy(qtype, block_bytes, row, buf):
+    """buf (K,) float32 = the blocks of 32 in row (uint8 raw bytes), bit-exact with
+    dequantize_row_q4_0 / q4_1 / q5_0 / q5_1 / q8_0.  One straight loop per block and format
+    (no format branch inside it), so that LLVM vectorizes the 16 or 32 values."""
+    for b in range(buf.shape[0] // 32):
+        o, y = b * block_bytes, b * 32
+        d = _f16_at(row, o)
+        if qtype == Q8_0:                               # q · d
+            for j in range(32):
+                buf[y + j] = np.float32(np.int8(row[o + 2 + j])) * d
+        elif qtype == Q4_0:                             # (q − 8) · d
+            for j in range(16):
+                buf[y + j] = np.float32(np.int32(row[o + 2 + j] & 15) - 8) * d
+                buf[y + j + 16] = np.float32(np.int32(row[o + 2 + j] >> 4) - 8) * d
+        elif qtype == Q4_1:                             # q · d + m
+            mn = _f16_at(row, o + 2)
+            for j in range(16):
+                buf[y + j] = d * np.float32(np.int32(row[o + 4 + j] & 15)) + mn
+                buf[y + j + 16] = d * np.float32(np.int32(row[o + 4 + j] >> 4)) + mn
+        else:                                           # Q5_0: (q − 16) · d, Q5_1: q · d + m
+            qa = o + 2 if qtype == Q5_0 else o + 4
+            qh = (np.uint32(row[qa]) | (np.uint32(row[qa + 1]) << 8)
+                  | (np.uint32(row[qa + 2]) << 16) | (np.uint32(row[qa + 3]) << 24))
+            if qtype == Q5_0:
+                for j in range(16):
+                    lo = np.int32(row[qa + 4 + j] & 15) | np.int32(((qh >> j) & 1) << 4)
+                    hi = np.int32(row[qa + 4 + j] >> 4) | np.int32(((qh >> (j + 16)) & 1) << 4)
+                    buf[y + j] = np.float32(lo - 16) * d
+                    buf[y + j + 16] = np.float32(hi - 16) * d
+            else:
+                mn = _f16_at(row, o + 2)
+                for j in range(16):
+                    lo = np.int32(row[qa + 4 + j] & 15) | np.int32(((qh >> j) & 1) << 4)
+                    hi = np.int32(row[qa + 4 + j] >> 4) | np.int32(((qh >> (j + 16)) & 1) << 4)
+                    buf[y + j] = d * np.float32(lo) + mn
+                    buf[y + j + 16] = d * np.float32(hi) + mn
+
+
+@njit(cache=True, nogil=True)
+def _dequant_row(qtype, block_bytes, w, ids, buf):
+    """buf (1, K) float32 = dequantized row ids[0] of w, bit-exact with gguf.quants."""
+    if qtype == Q4_K:
+        dq.get_rows_q4_k(w, ids, buf)
+    elif qtype == Q5_K:
+        dq.get_rows_q5_k(w, ids, buf)
+    elif qtype == Q6_K:
+        dq.get_rows_q6_k(w, ids, buf)
+    elif qtype == Q3_K:
+        dq.get_rows_q3_k(w, ids, buf)
+    elif qtype == Q2_K:
+        dq.get_rows_q2_k(w, ids, buf)
+    else:
+        _dequant_legacy(qtype, block_bytes, w[ids[0]], buf[0])
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _matmul_float_act(qtype, block_bytes, w, x, out):
+    """out (M, N) = x · dequant(W)ᵀ; prange over chunks of output rows."""
+    n = w.shape[0]
+    m_rows, k = x.shape
+    xf = x.reshape(-1)                                   # (M * K,)
+    n_chunks = min(n, 64)
+    for c in prange(n_chunks):
+        buf = np.empty((1, k), np.float32)               # one dequantized weight row
+        ids = np.empty(1, np.int64)
+        for row in range(c * n // n_chunks, (c + 1) * n // n_chunks):
+            ids[0] = row
+            _dequant_row(qtype, block_bytes, w, ids, buf)
+            for m in range(m_rows):
+                out[m, row] = _dot_f32(buf[0], xf, m, k)
+
+
+def _fn(qtype: int):
+    qk, nbytes = BLOCK[qtype]
+
+    def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+        """w uint8 (N, row_bytes), x float32 (M, K) -> out float32 (M, N), in place."""
+        k = x.shape[1]
+        if w.dtype != np.uint8 or w.ndim != 2 or k % qk or w.shape[1] != k // qk * nbytes:
+            raise ValueError(f"{_T(qtype).name}: weights of shape {w.shape} do not hold K={k} values")
+        if out.shape != (x.shape[0], w.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous float32 array of shape {(x.shape[0], w.shape[0])}")
+        _matmul_float_act(qtype, nbytes, _frozen(w), np.ascontiguousarray(x, np.float32), out)
+    matmul.__name__ = f"matmul_float_act_{_T(qtype).name.lower()}"
+    return matmul
+
+
+MATMUL_FLOAT_ACT = {qt: _fn(qt) for qt in BLOCK}
