@@ -41,7 +41,9 @@ from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic
 
 QK_K = 256
-GROUP = 4       # super-blocks per visit of a tile row (M > 1): their x blocks stay in L1
+GROUP = 4       # super-blocks per visit of a tile row (M > MAX_STATIC_M): their x blocks stay in L1
+PREFETCH_BLOCKS = 8  # rows of a static-M pass prefetch this many super-blocks ahead
+MAX_STATIC_M = 8  # up to this many activation rows, one kernel path per M keeps them in registers
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
@@ -326,8 +328,10 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x:
                 acc, tile, c, n_chunks):
     """out (f32* (M, N)) rows n = lo … hi−1 of chunk c of n_chunks.
 
-    M = 1: the 16 lanes in registers, super-block after super-block.
-    M > 1: tiles of ``tile`` rows; for each group of GROUP super-blocks (whose x blocks then
+    M <= MAX_STATIC_M: one code path per M (a switch): row after row, the M accumulators of
+    16 lanes in registers, each super-block decoded once and used for the M rows of x
+    (verification batches: the weights are read once, nothing goes through memory).
+    M > MAX_STATIC_M: tiles of ``tile`` rows; for each group of GROUP super-blocks (whose x blocks then
     stay in L1), each row of the tile decodes its blocks once (prefetching the row's next
     group: the tile's interleaved rows defeat the hardware prefetcher) and every activation
     row m updates its lanes acc[c, r, m] (f32* (n_chunks, tile, M, 16)).
@@ -351,15 +355,33 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x:
     def smaller(a, b):
         return builder.select(builder.icmp_signed("<", a, b), a, b)
 
-    acc1 = cgutils.alloca_once(builder, V16F32)
-    with builder.if_else(builder.icmp_signed("==", M, I64(1))) as (single, multi):
-        with single, cgutils.for_range_slice(builder, lo, hi, I64(1)) as (n, _):
-            builder.store(ir.Constant(V16F32, 0.0), acc1)
+    def rows_static(ms: int):
+        """Rows lo … hi−1 against activation rows 0 … ms−1, ms known here: the ms
+        accumulators live in registers, each super-block is decoded once for all of them."""
+        accs = [cgutils.alloca_once(builder, V16F32) for _ in range(ms)]
+        with cgutils.for_range_slice(builder, lo, hi, I64(1)) as (n, _):
+            for a in accs:
+                builder.store(ir.Constant(V16F32, 0.0), a)
             with cgutils.for_range(builder, nblk) as blk:
-                dec, u8 = decoded(n, blk.index)
-                builder.store(_emit_update(builder, dec, u8, vnni, x, I64(0), blk.index,
-                                           builder.load(acc1)), acc1)
-            builder.store(_lane_sum(builder, builder.load(acc1)), out_ptr(I64(0), n))
+                dec, u8 = decoded(n, blk.index, PREFETCH_BLOCKS * block_bytes)
+                for j, a in enumerate(accs):
+                    builder.store(_emit_update(builder, dec, u8, vnni, x, I64(j), blk.index,
+                                               builder.load(a)), a)
+            for j, a in enumerate(accs):
+                builder.store(_lane_sum(builder, builder.load(a)), out_ptr(I64(j), n))
+
+    few = builder.icmp_signed("<=", M, I64(MAX_STATIC_M))
+    with builder.if_else(few) as (single, multi):
+        with single:
+            sw_end = builder.append_basic_block("static_m_end")
+            sw = builder.switch(M, sw_end)
+            for ms in range(1, MAX_STATIC_M + 1):
+                bb = builder.append_basic_block(f"static_m{ms}")
+                sw.add_case(I64(ms), bb)
+                builder.position_at_end(bb)
+                rows_static(ms)
+                builder.branch(sw_end)
+            builder.position_at_end(sw_end)
         with multi, cgutils.for_range_slice(builder, lo, hi, tile) as (n0, _):
             nt = smaller(builder.sub(hi, n0), tile)
 
