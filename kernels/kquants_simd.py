@@ -292,11 +292,16 @@ def _emit_update(builder, dec: Decoded, u8, vnni: bool, x, m, b, acc):
                                       source_etype=I8), typ=V64I8, align=1)
         dot = _dpbusd(builder, vnni, dot, u8[k], xv)
     dx = builder.load(builder.gep(x.d, [row], source_etype=F32))
-    acc = _fma(builder, builder.sitofp(builder.mul(dot, dec.sc), V16F32),
-               _splat_f32(builder, builder.fmul(dec.d, dx)), acc)
+    # dot·sc and bsum·mn as float products: every factor and product is an integer below
+    # 2^24 in magnitude for all five formats (|dot| <= 16·32·127, |sc| <= 127), so they are
+    # exact and equal the int32 products bit for bit, without the slow vpmulld; the
+    # conversions of sc and mn are per super-block, shared by all M activation rows.
+    prod = builder.fmul(builder.sitofp(dot, V16F32), builder.sitofp(dec.sc, V16F32))
+    acc = _fma(builder, prod, _splat_f32(builder, builder.fmul(dec.d, dx)), acc)
     if dec.dmin is not None:        # − dmin·dx · Σ mn·bsum (ggml_vec_dot_q4_K_q8_K's mins)
         mdx = _splat_f32(builder, builder.fneg(builder.fmul(dec.dmin, dx)))
-        acc = _fma(builder, builder.sitofp(builder.mul(bs, dec.mn), V16F32), mdx, acc)
+        mins = builder.fmul(builder.sitofp(bs, V16F32), builder.sitofp(dec.mn, V16F32))
+        acc = _fma(builder, mins, mdx, acc)
     return acc
 
 
