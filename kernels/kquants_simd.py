@@ -43,7 +43,7 @@ from numba.extending import intrinsic
 QK_K = 256
 GROUP = 4       # super-blocks per visit of a tile row (M > MAX_STATIC_M): their x blocks stay in L1
 PREFETCH_BLOCKS = 8  # rows of a static-M pass prefetch this many super-blocks ahead
-MAX_STATIC_M = 8  # up to this many activation rows, one kernel path per M keeps them in registers
+MAX_STATIC_M = 17  # up to this many activation rows (draft-n 16 + 1), one kernel path per M keeps them in registers
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
