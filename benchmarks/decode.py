@@ -4,7 +4,8 @@ For each model: load (timed), compile/warm the kernels once (timed, reported apa
 pp64 = one batched forward over 64 prompt tokens, tg64 = 64 greedy decode steps one token at
 a time; each the best of --repeats runs.  Reports tokens/s, weight bytes read per decoded
 token, achieved GB/s and its fraction of the measured memory bandwidth (bandwidth.json from
-benchmarks/bandwidth.py in the same --out folder, when present).  The measurement itself is
+benchmarks/bandwidth.py in the same --out folder, when present); decode.png plots ours
+beside llama.cpp's.  The measurement itself is
 specdec.bench.bench_decode, which `specdec bench` runs too.
 
     python benchmarks/decode.py [--models id ...] [--out bench-results]
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specdec.bench import DECODE_MODELS, bench_decode
+from specdec.bench import DECODE_MODELS, bench_decode, plot_decode
 
 DEFAULT_MODELS = DECODE_MODELS
 
@@ -25,7 +26,9 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench-results")
     a = ap.parse_args(argv)
-    rows = bench_decode(a.models, Path(a.out), repeats=a.repeats)["results"]
+    result = bench_decode(a.models, Path(a.out), repeats=a.repeats)
+    plot_decode(result, Path(a.out) / "decode.png")
+    rows = result["results"]
     print(f"{'model':38s} {'pp64':>8s} {'(llama)':>8s} {'tg64':>8s} {'(llama)':>8s} {'GB/s':>6s}")
     for r in rows:
         print(f"{r['model']:38s} {r['pp64_tok_s']:8.1f} {r['llamacpp_pp64_tok_s'] or 0:8.1f} "

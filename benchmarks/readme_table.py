@@ -1,0 +1,140 @@
+"""Regenerate the README's speed section from the benchmark JSON files.
+
+Reads bandwidth.json, decode.json, verify_curve.json, speculative.json, drafters.json and
+memory.json from --results (whichever exist) and rewrites the block between the
+`<!-- speed-table -->` and `<!-- /speed-table -->` markers of README.md.  Plots are copied
+to docs/img/ so that the README can show them.
+
+    python benchmarks/readme_table.py [--results bench-results] [--readme README.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- speed-table -->", "<!-- /speed-table -->"
+PLOTS = ("decode.png", "verify_curve.png", "speculative.png", "drafters.png")
+
+
+def _load(results: Path, name: str) -> dict | None:
+    p = results / name
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def decode_table(dec: dict, bw: dict | None) -> list[str]:
+    roof = bw["all_threads_gbs"] if bw else None
+    out = ["| model | pp64 tok/s | llama.cpp | tg64 tok/s | llama.cpp | ratio | weights GB/s"
+           + (" | % of DRAM roofline |" if roof else " |"),
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---:" + (" | ---: |" if roof else " |")]
+    for r in dec["results"]:
+        ratio = f"{r['tg_vs_llamacpp']:.2f}x" if r.get("tg_vs_llamacpp") else "-"
+        row = (f"| {r['model']} | {r['pp64_tok_s']:.1f} | {r['llamacpp_pp64_tok_s'] or '-'} | "
+               f"{r['tg64_tok_s']:.1f} | {r['llamacpp_tg64_tok_s'] or '-'} | {ratio} | {r['tg_gb_s']:.1f}")
+        out.append(row + (f" | {100 * r['tg_gb_s'] / roof:.0f}% |" if roof else " |"))
+    return out
+
+
+def verify_lines(vc: dict) -> list[str]:
+    ms = [str(m) for m in vc["ms"]]
+    out = ["| model | " + " | ".join(f"M={m}" for m in ms) + " | decode step | Python glue |",
+           "| --- | " + " | ".join("---:" for _ in ms) + " | ---: | ---: |"]
+    for r in vc["models"]:
+        rel = r["curve"]["relative"]
+        p = r["profile"]
+        out.append(f"| {r['model']} | " + " | ".join(f"{rel[m]:.2f}" for m in ms)
+                   + f" | {p['step_ms']:.1f} ms | {p['python_glue_pct']:.1f}% |")
+    return out
+
+
+def speculative_lines(sp: dict) -> list[str]:
+    out = ["| temperature | plain tok/s | best setting | speculative tok/s | speedup | acceptance | tokens/step |",
+           "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+    for t, r in sp["by_temperature"].items():
+        b = r["best"]
+        out.append(f"| {t} | {r['plain_tok_s']:.2f} | draft-n {b['draft_n']}, draft-p {b['draft_p']:g} | "
+                   f"{b['tok_s']:.2f} | {b['speedup']:.2f}x | {b['acceptance']:.2f} | {b['tokens_per_step']:.2f} |")
+    c = sp["costs"]
+    out.append("")
+    out.append(f"Measured costs: one draft token = {c['draft_cost_ratio']:.2f} of a target token; "
+               "verifying n drafted tokens costs " + ", ".join(
+                   f"{v:.2f}x" for v in list(c["verify_growth"].values())[:6])
+               + f" of one target token for n = {', '.join(list(c['verify_growth'])[:6])}.")
+    return out
+
+
+def drafters_lines(dr: dict) -> list[str]:
+    configs = [c for c in ("plain", "model", "prompt-lookup", "hybrid", "adaptive")
+               if c in next(iter(dr["results"].values()))["summary"]]
+    out = ["| prompt set | " + " | ".join(configs) + " |",
+           "| --- | " + " | ".join("---:" for _ in configs) + " |"]
+    for s, r in dr["results"].items():
+        summ = r["summary"]
+        out.append(f"| {s} | " + " | ".join(
+            f"{summ[c]['tok_s']:.1f} tok/s ({summ[c]['speedup']:.2f}x)" for c in configs) + " |")
+    return out
+
+
+def build(results: Path) -> str:
+    bw, dec = _load(results, "bandwidth.json"), _load(results, "decode.json")
+    vc, sp = _load(results, "verify_curve.json"), _load(results, "speculative.json")
+    dr, mem = _load(results, "drafters.json"), _load(results, "memory.json")
+    first = next((d for d in (dec, vc, sp, dr) if d), None)
+    if first is None:
+        raise SystemExit(f"{results}: no benchmark results (run the benchmarks first)")
+    m = first["machine"]
+    lines = [f"Measured {m['date']} on {m['cpu']}, {m['cores']} cores, Numba {m['numba']}, "
+             f"with the commands of [docs/reproduce.md](docs/reproduce.md); llama.cpp's figures are "
+             "llama-bench on the same machine kind (`-t 2 -p 64 -n 64`)."]
+    if bw:
+        lines += ["", f"Memory read bandwidth: {bw['single_thread_gbs']:.1f} GB/s on one thread, "
+                      f"{bw['all_threads_gbs']:.1f} GB/s on {bw['threads']} (`benchmarks/bandwidth.py`)."]
+    if dec:
+        lines += ["", "**Decoding, one model** (`benchmarks/decode.py`; best of 3; "
+                      "`:q8` = `activations=\"q8\"`):", ""] + decode_table(dec, bw)
+    if vc:
+        lines += ["", "**What verification costs**: one target forward over M tokens, relative to "
+                      "M = 1 (`benchmarks/verify_curve.py`):", ""] + verify_lines(vc)
+    if sp:
+        n = len(sp["prompts"])
+        lines += ["", f"**Speculative decoding**, {sp['target']} with {sp['draft']}, "
+                      f"{sp['settings']['n_predict']} tokens, {n} code-writing chat prompt{'s' * (n > 1)}, "
+                      "best of the draft-n × draft-p sweep (`benchmarks/speculative.py`):", ""] \
+            + speculative_lines(sp)
+    if dr:
+        lines += ["", f"**Drafters**, greedy, draft-n {dr['settings']['draft_n']}, "
+                      f"{dr['settings']['prompts']} prompts per set, tok/s (speedup over plain, same run; "
+                      "`benchmarks/drafters.py`):", ""] + drafters_lines(dr)
+    if mem:
+        lines += ["", f"**Memory**: both Qwen models with a {mem['ctx_size']}-token context peak at "
+                      f"{mem['peak_rss_bytes'] / 2**20:.0f} MiB resident, "
+                      f"{mem['ratio_to_files_plus_kv']:.2f}x the GGUF files plus KV caches "
+                      "(the weights are memory-mapped, never copied)."]
+    plots = [p for p in PLOTS if (results / p).exists()]
+    if plots:
+        lines += [""] + [f"![{p[:-4]}](docs/img/{p})" for p in plots]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=str(ROOT / "bench-results"))
+    ap.add_argument("--readme", default=str(ROOT / "README.md"))
+    a = ap.parse_args(argv)
+    results, readme = Path(a.results), Path(a.readme)
+    text = readme.read_text(encoding="utf-8")
+    i, j = text.find(BEGIN), text.find(END)
+    if i < 0 or j < i:
+        raise SystemExit(f"{readme}: no {BEGIN} ... {END} block")
+    block = build(results)
+    for p in PLOTS:
+        if (results / p).exists():
+            shutil.copyfile(results / p, ROOT / "docs" / "img" / p)
+    readme.write_text(text[:i + len(BEGIN)] + "\n" + block + "\n" + text[j:], encoding="utf-8")
+    print(f"{readme}: speed section rewritten from {results}")
+
+
+if __name__ == "__main__":
+    main()
