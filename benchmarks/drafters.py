@@ -14,9 +14,10 @@ positions (Leviathan et al. 2023, Def. 3.1), measured is accepted / verified.
 Configurations (draft_n = --draft-n unless said):
   plain          the target alone
   model          draft model, threshold policy (up to draft_n, stop below --draft-p)
-  prompt-lookup  n-grams of 1..3 tokens, fixed length draft_n
+  prompt-lookup  n-grams of 2..4 tokens (--lookup-ngram-min/max), fixed length draft_n
+  lookup-adaptive prompt lookup, draft length 1..16 chosen online (specdec.policies)
   hybrid         lookup when it matches, else the draft model (threshold policy)
-  adaptive       hybrid drafter, draft length 1..16 chosen online (specdec.policies)
+  adaptive       hybrid drafter, draft length 1..16 chosen online
 
     python benchmarks/drafters.py --out bench-results                       # the real run
     python benchmarks/drafters.py --prompts 1 --n-predict 16 --sets fresh_code --out /tmp/x  # smoke
@@ -32,7 +33,7 @@ import specdec
 from common import (QWEN_DRAFT, QWEN_TARGET, aggregate, completion_row, load_prompts,
                     machine_info, warm_up, write_json)
 
-CONFIGS = ("plain", "model", "prompt-lookup", "hybrid", "adaptive")
+CONFIGS = ("plain", "model", "prompt-lookup", "lookup-adaptive", "hybrid", "adaptive")
 SETS = ("code_editing", "fresh_code")
 
 
@@ -45,6 +46,8 @@ def config_kwargs(name: str, draft, a) -> dict:
         return dict(draft=draft, draft_n=a.draft_n, draft_p=a.draft_p, draft_policy="threshold")
     if name == "prompt-lookup":
         return dict(draft="prompt-lookup", draft_n=a.draft_n, draft_policy="fixed", **lookup)
+    if name == "lookup-adaptive":
+        return dict(draft="prompt-lookup", draft_n=16, draft_policy="adaptive", **lookup)
     if name == "hybrid":
         return dict(draft="hybrid", draft_model=draft, draft_n=a.draft_n, draft_p=a.draft_p,
                     draft_policy="threshold", **lookup)
@@ -114,8 +117,8 @@ def main() -> None:
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--draft-n", type=int, default=8)
     ap.add_argument("--draft-p", type=float, default=0.9)
-    ap.add_argument("--lookup-ngram-min", type=int, default=1)
-    ap.add_argument("--lookup-ngram-max", type=int, default=3)
+    ap.add_argument("--lookup-ngram-min", type=int, default=2)
+    ap.add_argument("--lookup-ngram-max", type=int, default=4)
     ap.add_argument("--ignore-eos", action="store_true")
     ap.add_argument("--out", default="bench-results")
     a = ap.parse_args()

@@ -66,7 +66,7 @@ def speculative_lines(sp: dict) -> list[str]:
 
 
 def drafters_lines(dr: dict) -> list[str]:
-    configs = [c for c in ("plain", "model", "prompt-lookup", "hybrid", "adaptive")
+    configs = [c for c in ("plain", "model", "prompt-lookup", "lookup-adaptive", "hybrid", "adaptive")
                if c in next(iter(dr["results"].values()))["summary"]]
     out = ["| prompt set | " + " | ".join(configs) + " |",
            "| --- | " + " | ".join("---:" for _ in configs) + " |"]

@@ -203,7 +203,7 @@ class PromptLookupDrafter:
 
     source = "prompt-lookup"
 
-    def __init__(self, n_vocab: int, ngram_max: int = 3, ngram_min: int = 1):
+    def __init__(self, n_vocab: int, ngram_max: int = 4, ngram_min: int = 2):
         if not 1 <= ngram_min <= ngram_max:
             raise ConfigError(f"--lookup-ngram-min/max: need 1 <= min <= max, got {ngram_min}, {ngram_max}")
         self.n_vocab, self.ngram_min, self.ngram_max = int(n_vocab), int(ngram_min), int(ngram_max)
@@ -279,8 +279,8 @@ DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid")
 
 
 def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draft_p: float = 0.0,
-                 n_ctx: int | None = None, lookup_ngram_min: int = 1,
-                 lookup_ngram_max: int = 3) -> Drafter:
+                 n_ctx: int | None = None, lookup_ngram_min: int = 2,
+                 lookup_ngram_max: int = 4) -> Drafter:
     """A Drafter for `target` (a specdec Model) from what the caller passed as `draft`:
 
       a Drafter object (has `propose`)   used as is;

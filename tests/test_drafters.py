@@ -66,7 +66,7 @@ def lookup_reference(ctx, n_max, ngram_min, ngram_max):
 
 
 def test_lookup_longest_ngram_then_most_recent_occurrence():
-    d = PromptLookupDrafter(10, ngram_max=3)
+    d = PromptLookupDrafter(10, ngram_max=3, ngram_min=1)
     rng = NumpyRandom(0)
     #        (2,3) ends at 3 and 7; the suffix (1,2,3) has no earlier occurrence
     ctx = [5, 2, 3, 4, 6, 2, 3, 7, 1, 2, 3]
@@ -78,7 +78,7 @@ def test_lookup_longest_ngram_then_most_recent_occurrence():
 
 
 def test_lookup_overlapping_copy_no_match_and_caps():
-    d = PromptLookupDrafter(6, ngram_max=3)
+    d = PromptLookupDrafter(6, ngram_max=3, ngram_min=1)
     rng = NumpyRandom(0)
     draft = d.propose([1, 2, 1, 2], 5, rng)            # a period continues as far as asked
     assert draft.tokens == (1, 2, 1, 2, 1) and draft.source == "prompt-lookup"
@@ -152,7 +152,7 @@ def test_greedy_identity_every_drafter_and_policy(factory, seed, prompt, relatio
 def test_lookup_accepts_on_repetitive_greedy_output(factory):
     """Greedy decoding of these models falls into a cycle, which lookup then copies."""
     target, _ = factory(8, 3, "good")
-    drafter = PromptLookupDrafter(8, ngram_max=3)
+    drafter = PromptLookupDrafter(8, ngram_max=3, ngram_min=1)
     res = generate_speculative(target, drafter, [1, 2, 3], 60, GREEDY, NumpyRandom(0), set(), 8)
     assert res.ids == generate_plain(target, [1, 2, 3], 60, GREEDY, NumpyRandom(0), set()).ids
     s = res.stats
@@ -244,7 +244,7 @@ def test_predicted_acceptance_matches_measured_for_prompt_lookup():
     """q one-hot: the predicted acceptance 1 - TV(p, q) of a copied token is p(x)."""
     params = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     target, _ = PAIR_FACTORIES["fake"](4, 2, "good", n_ctx=2048)
-    s = generate_speculative(target, PromptLookupDrafter(4, ngram_max=2), [0, 1, 2, 3], 1200,
+    s = generate_speculative(target, PromptLookupDrafter(4, ngram_max=2, ngram_min=1), [0, 1, 2, 3], 1200,
                              params, NumpyRandom(5), set(), 3).stats
     lk = s.by_drafter["prompt-lookup"]
     se = math.sqrt(0.25 / lk.n_verified)
