@@ -12,8 +12,9 @@ by d·dx (and the mins by dmin·dx), accumulated in float32 super-block after su
 
 Each weight super-block is read and decoded once and used for all M rows (kquants_simd);
 no dequantized copy of a weight matrix is ever built.  Row independence: out[m] depends on
-x[m] only, bitwise, whatever M and the thread count are — every (n, m) goes through the
-same fixed sequence of float operations, with no M-dependent tiling.
+x[m] only, bitwise, whatever M and the thread count are — whichever code path M selects
+(one register-resident path per M <= MAX_STATIC_M, tiles above), every (n, m) goes through
+the same fixed sequence of float operations.
 
 ``GET_ROWS[qtype](w, ids, out)``: bit-exact dequantization of rows ``ids`` (kquants_dequant).
 """
@@ -29,7 +30,7 @@ from .q8k import QK_K, quantize_q8_k
 
 _T = gguf.GGMLQuantizationType
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
-TILE = 8               # weight rows per tile when M > 1 (they share each x block in L1)
+TILE = 8               # weight rows per tile when M > MAX_STATIC_M (they share each x block in L1)
 BLOCK_BYTES = {qt: nbytes for qt, (_, nbytes) in DECODERS.items()}   # bytes per 256 values
 
 
