@@ -17,7 +17,7 @@ from kernels.attention import attention
 from kernels.ops import geglu, rms_norm, rms_norm_heads, rope, swiglu
 
 from .config import ROPE_NEOX, ModelConfig
-from .errors import GGUFError, UnsupportedModelError
+from .errors import ConfigError, GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
 from .kv_cache import KVCache
 
@@ -72,7 +72,7 @@ class Weights:
         rounds); "auto" is "float" for gemma3, whose post-norms make the rounding chaotic
         (kernels/float_act.py), and "q8" otherwise."""
         if activations not in ("auto", "q8", "float"):
-            raise ValueError(f"activations must be 'auto', 'q8' or 'float', not {activations!r}")
+            raise ConfigError(f"activations must be 'auto', 'q8' or 'float', not {activations!r}")
         float_act = activations == "float" or (activations == "auto" and cfg.arch == "gemma3")
         D, H, Hkv, Dh, F, V = cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_ff, cfg.n_vocab
 

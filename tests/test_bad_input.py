@@ -137,3 +137,20 @@ def test_cli_bad_flag_exit_2(flags, needle):
 def test_errors_are_specdec_errors():
     for cls in (GGUFError, UnsupportedModelError, ContextOverflowError):
         assert issubclass(cls, SpecdecError)
+
+
+def test_activations_choice(tiny_model, tmp_path):
+    """activations= picks the matmul input path per layer (gemma3: float by default); a bad
+    value is a one-line ConfigError; both paths give close logits, rows stay independent."""
+    spec = TinySpec(arch="gemma3", qtype=int(T.Q5_0), n_layer=2, sliding_window=3, tied=True, seed=5)
+    path = write_tiny_model(tmp_path / "g.gguf", spec)
+    auto, q8 = specdec.load(path), specdec.load(path, activations="q8")
+    assert all(lin.float_act for lin in (auto.weights.layers[0].wq, auto.weights.layers[1].w_down))
+    assert not auto.weights.output.float_act and not q8.weights.layers[0].wq.float_act
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    a, b = auto.logits(ids), q8.logits(ids)
+    assert np.allclose(a, b, atol=0.1 * np.abs(a).max())
+    np.testing.assert_array_equal(auto.logits(ids[:3])[-1], a[2])
+    with pytest.raises(specdec.SpecdecError) as e:
+        specdec.load(path, activations="fp8")
+    _one_line(e.value, "activations", "'fp8'")
