@@ -1,11 +1,13 @@
-"""Shared bits of the benchmark scripts: machine facts, JSON output, weight bytes per token."""
+"""Shared bits of the benchmark scripts: machine facts, JSON output, prompts, warm-up, timing."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-# machine facts, JSON output, llama.cpp's figures, weight bytes per token: shared with `specdec bench`
-from specdec.bench import LLAMACPP, machine_info, roofline, weight_bytes_per_token, write_json  # noqa: F401
+from specdec.bench import machine_info, write_json   # shared with `specdec bench`
+
+__all__ = ["QWEN_TARGET", "QWEN_DRAFT", "PROMPTS_DIR", "machine_info", "write_json", "load_prompts",
+           "warm_up", "forward_ms", "completion_row", "aggregate"]
 
 # ---- speculative decoding benchmarks (drafters.py, speculative.py) ---------------------------
 

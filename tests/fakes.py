@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -21,6 +22,18 @@ from typing import Callable, Sequence
 import numpy as np
 
 LogitFn = Callable[[tuple[int, ...]], np.ndarray]     # context ids -> (V,) float32
+
+
+@contextmanager
+def one_thread():
+    """Run the Numba kernels on one thread inside the block, then restore the thread count."""
+    import numba
+    n_threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(n_threads)
 
 
 def window_logits(n_vocab: int, seed: int, window: int = 2, scale: float = 1.5) -> LogitFn:
@@ -115,13 +128,8 @@ class Recorder:
     n_past = property(lambda self: self.session.n_past)
 
     def eval(self, tokens: Sequence[int], last_only: bool = False) -> np.ndarray:
-        import numba                  # tiny matrices: thread start-up would dominate
-        n_threads = numba.get_num_threads()
-        numba.set_num_threads(1)
-        try:
+        with one_thread():            # tiny matrices: thread start-up would dominate
             out = self.session.eval(tokens, last_only=last_only)
-        finally:
-            numba.set_num_threads(n_threads)
         self.tokens.extend(int(t) for t in tokens)
         self.n_evals += 1
         self.n_rows += len(tokens)

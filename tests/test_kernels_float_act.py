@@ -10,13 +10,13 @@ orders of magnitude larger.
 from __future__ import annotations
 
 import gguf
-import numba
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernels
+from fakes import one_thread
 from test_kernels_kquants import random_weights
 
 T = gguf.GGMLQuantizationType
@@ -64,12 +64,8 @@ def test_rows_are_independent(qtype, seed, m, n):
     full = run(qtype, w, x)
     for i in range(m):
         np.testing.assert_array_equal(run(qtype, w, x[i:i + 1])[0], full[i])
-    threads = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
+    with one_thread():
         np.testing.assert_array_equal(run(qtype, w, x), full)
-    finally:
-        numba.set_num_threads(threads)
 
 
 def test_bad_shapes_are_rejected():

@@ -8,7 +8,6 @@ cannot quantize to K-quants).
 from __future__ import annotations
 
 import gguf
-import numba
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +16,7 @@ from numba import njit
 
 from kernels import kquants, kquants_simd
 from kernels.q8k import natural_order, quantize_q8_k
+from fakes import one_thread
 
 T = gguf.GGMLQuantizationType
 FORMATS = [T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K]
@@ -192,12 +192,8 @@ def test_matmul_rows_are_independent(qtype, seed, m, n, nb):
     np.testing.assert_array_equal(matmul(qtype, w, other)[r], full[r])
     for i in range(m):
         np.testing.assert_array_equal(matmul(qtype, w, x[i:i + 1])[0], full[i])
-    threads = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
+    with one_thread():
         np.testing.assert_array_equal(matmul(qtype, w, x), full)
-    finally:
-        numba.set_num_threads(threads)
 
 
 def _portable_matmul(qtype):
