@@ -2,7 +2,7 @@
 
 ``MATMUL_FLOAT_ACT[qtype](w, x, out)``: out[m, n] = dot(dequant(W[n, :]), x[m, :]) with x
 kept in float32.  Each weight row is dequantized into a per-thread buffer of K floats (the
-same bit-exact decoders as the embedding lookup, so never a dequantized copy of the matrix),
+same bit-exact decoders as the embedding lookup: legacy._dequant_legacy, kquants_dequant, so never a dequantized copy of the matrix),
 then dotted with every activation row in 32 float32 lanes folded in a fixed order
 (legacy._dot_f32).  Every (n, m) runs the same operations whatever M is: rows stay
 independent, bitwise.
@@ -26,52 +26,13 @@ import numpy as np
 from numba import njit, prange
 
 from . import kquants_dequant as dq
-from .legacy import _dot_f32, _f16_at, _frozen
+from .legacy import _dequant_legacy, _dot_f32, _frozen
 
 _T = gguf.GGMLQuantizationType
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
 BLOCK = {qt: gguf.GGML_QUANT_SIZES[_T(qt)] for qt in
          (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}   # (values, bytes)
-
-
-@njit(cache=True, nogil=True)
-def _dequant_legacy(qtype, block_bytes, row, buf):
-    """buf (K,) float32 = the blocks of 32 in row (uint8 raw bytes), bit-exact with
-    dequantize_row_q4_0 / q4_1 / q5_0 / q5_1 / q8_0.  One straight loop per block and format
-    (no format branch inside it), so that LLVM vectorizes the 16 or 32 values."""
-    for b in range(buf.shape[0] // 32):
-        o, y = b * block_bytes, b * 32
-        d = _f16_at(row, o)
-        if qtype == Q8_0:                               # q · d
-            for j in range(32):
-                buf[y + j] = np.float32(np.int8(row[o + 2 + j])) * d
-        elif qtype == Q4_0:                             # (q − 8) · d
-            for j in range(16):
-                buf[y + j] = np.float32(np.int32(row[o + 2 + j] & 15) - 8) * d
-                buf[y + j + 16] = np.float32(np.int32(row[o + 2 + j] >> 4) - 8) * d
-        elif qtype == Q4_1:                             # q · d + m
-            mn = _f16_at(row, o + 2)
-            for j in range(16):
-                buf[y + j] = d * np.float32(np.int32(row[o + 4 + j] & 15)) + mn
-                buf[y + j + 16] = d * np.float32(np.int32(row[o + 4 + j] >> 4)) + mn
-        else:                                           # Q5_0: (q − 16) · d, Q5_1: q · d + m
-            qa = o + 2 if qtype == Q5_0 else o + 4
-            qh = (np.uint32(row[qa]) | (np.uint32(row[qa + 1]) << 8)
-                  | (np.uint32(row[qa + 2]) << 16) | (np.uint32(row[qa + 3]) << 24))
-            if qtype == Q5_0:
-                for j in range(16):
-                    lo = np.int32(row[qa + 4 + j] & 15) | np.int32(((qh >> j) & 1) << 4)
-                    hi = np.int32(row[qa + 4 + j] >> 4) | np.int32(((qh >> (j + 16)) & 1) << 4)
-                    buf[y + j] = np.float32(lo - 16) * d
-                    buf[y + j + 16] = np.float32(hi - 16) * d
-            else:
-                mn = _f16_at(row, o + 2)
-                for j in range(16):
-                    lo = np.int32(row[qa + 4 + j] & 15) | np.int32(((qh >> j) & 1) << 4)
-                    hi = np.int32(row[qa + 4 + j] >> 4) | np.int32(((qh >> (j + 16)) & 1) << 4)
-                    buf[y + j] = d * np.float32(lo) + mn
-                    buf[y + j + 16] = d * np.float32(hi) + mn
 
 
 @njit(cache=True, nogil=True)

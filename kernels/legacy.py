@@ -185,44 +185,49 @@ def _f16_at(row, off):
 
 
 @njit(cache=True, nogil=True)
-def _dequant_block(qtype, row, o, dst, base):
-    """Dequantize the block at row[o:] into dst[base:base+32] (gguf.quants rules)."""
-    d = _f16_at(row, o)
-    if qtype == Q8_0:  # matches dequantize_row_q8_0: q * d
-        for j in range(QK8):
-            dst[base + j] = np.float32(np.int8(row[o + 2 + j])) * d
-        return
-    if qtype == Q4_0 or qtype == Q4_1:
-        qs = o + 2 if qtype == Q4_0 else o + 4
-        qh = np.uint32(0)
-    else:
-        qa = o + 2 if qtype == Q5_0 else o + 4
-        qh = np.uint32(0)
-        for i in range(4):  # little-endian u32
-            qh |= np.uint32(row[qa + i]) << np.uint32(8 * i)
-        qs = qa + 4
-    off = 8 if qtype == Q4_0 else 16 if qtype == Q5_0 else 0
-    mn = _f16_at(row, o + 2)  # the min of the _1 formats (unused otherwise)
-    for j in range(QK8 // 2):
-        lo = np.int32(row[qs + j] & 15) | (np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4)
-        hi = np.int32(row[qs + j] >> 4) | (np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4)
-        if qtype == Q4_1 or qtype == Q5_1:  # matches dequantize_row_q4_1 / q5_1: d*q + m
-            dst[base + j] = d * np.float32(lo) + mn
-            dst[base + j + 16] = d * np.float32(hi) + mn
-        else:  # matches dequantize_row_q4_0 / q5_0: d*(q - off)
-            dst[base + j] = d * np.float32(lo - off)
-            dst[base + j + 16] = d * np.float32(hi - off)
+def _dequant_legacy(qtype, block_bytes, row, buf):
+    """buf (K,) float32 = the blocks of 32 in row (uint8 raw bytes), bit-exact with
+    dequantize_row_q4_0 / q4_1 / q5_0 / q5_1 / q8_0.  One straight loop per block and format
+    (no format branch inside it), so that LLVM vectorizes the 16 or 32 values."""
+    for b in range(buf.shape[0] // 32):
+        o, y = b * block_bytes, b * 32
+        d = _f16_at(row, o)
+        if qtype == Q8_0:                               # q · d
+            for j in range(32):
+                buf[y + j] = np.float32(np.int8(row[o + 2 + j])) * d
+        elif qtype == Q4_0:                             # (q − 8) · d
+            for j in range(16):
+                buf[y + j] = np.float32(np.int32(row[o + 2 + j] & 15) - 8) * d
+                buf[y + j + 16] = np.float32(np.int32(row[o + 2 + j] >> 4) - 8) * d
+        elif qtype == Q4_1:                             # q · d + m
+            mn = _f16_at(row, o + 2)
+            for j in range(16):
+                buf[y + j] = d * np.float32(np.int32(row[o + 4 + j] & 15)) + mn
+                buf[y + j + 16] = d * np.float32(np.int32(row[o + 4 + j] >> 4)) + mn
+        else:                                           # Q5_0: (q − 16) · d, Q5_1: q · d + m
+            qa = o + 2 if qtype == Q5_0 else o + 4
+            qh = (np.uint32(row[qa]) | (np.uint32(row[qa + 1]) << 8)
+                  | (np.uint32(row[qa + 2]) << 16) | (np.uint32(row[qa + 3]) << 24))
+            if qtype == Q5_0:
+                for j in range(16):
+                    lo = np.int32(row[qa + 4 + j] & 15) | np.int32(((qh >> j) & 1) << 4)
+                    hi = np.int32(row[qa + 4 + j] >> 4) | np.int32(((qh >> (j + 16)) & 1) << 4)
+                    buf[y + j] = np.float32(lo - 16) * d
+                    buf[y + j + 16] = np.float32(hi - 16) * d
+            else:
+                mn = _f16_at(row, o + 2)
+                for j in range(16):
+                    lo = np.int32(row[qa + 4 + j] & 15) | np.int32(((qh >> j) & 1) << 4)
+                    hi = np.int32(row[qa + 4 + j] >> 4) | np.int32(((qh >> (j + 16)) & 1) << 4)
+                    buf[y + j] = d * np.float32(lo) + mn
+                    buf[y + j + 16] = d * np.float32(hi) + mn
 
 
 @njit(cache=True, nogil=True)
 def _get_rows_quant(qtype, block_bytes, w, ids, out):
     """out (M, K) float32 = dequantized rows ids (M,) of w uint8 (N, row_bytes)."""
-    nb = out.shape[1] // QK8
     for i in range(ids.shape[0]):
-        row = w[ids[i]]
-        dst = out[i]
-        for b in range(nb):
-            _dequant_block(qtype, row, b * block_bytes, dst, b * QK8)
+        _dequant_legacy(qtype, block_bytes, w[ids[i]], out[i])
 
 
 @njit(cache=True, nogil=True)
