@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--draft-n", type=int, default=8)
     ap.add_argument("--draft-p", type=float, default=0.9)
     ap.add_argument("--lookup-ngram-min", type=int, default=2)
-    ap.add_argument("--lookup-ngram-max", type=int, default=4)
+    ap.add_argument("--lookup-ngram-max", type=int, default=16)
     ap.add_argument("--ignore-eos", action="store_true")
     ap.add_argument("--out", default="bench-results")
     a = ap.parse_args()

@@ -9,6 +9,9 @@
    step time minus all kernel time, "thread dispatch" the cost of waking the worker threads
    (an empty prange kernel timed alone) times the number of parallel kernel calls per step.
 
+3. With llama-cpp-python installed, llama.cpp's curve on the same file in the same run (all
+   rows' logits computed, as verification needs): specdec.llamacpp.
+
 Writes verify_curve.json and verify_curve.png into --out.
 
     python benchmarks/verify_curve.py [--models id ...] [--out bench-results]
@@ -25,6 +28,7 @@ from numba import njit, prange
 
 import specdec
 import specdec.model as model_mod
+from specdec import llamacpp
 from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, machine_info, warm_up, write_json
 
 MS = (1, 2, 4, 6, 8, 12, 17)
@@ -109,21 +113,33 @@ def profile_decode(model, n_steps: int = 48) -> dict:
 
 
 def plot(result: dict, path: Path) -> None:
+    """Left: time relative to M = 1; right: milliseconds (llama.cpp dashed where measured)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for r in result["models"]:
-        ax.plot(MS, [r["curve"]["relative"][str(m)] for m in MS], "o-", label=r["model"])
+    fig, (ax, ax_ms) = plt.subplots(1, 2, figsize=(11, 4.2))
+    top = 4.0
+    for i, r in enumerate(result["models"]):
+        curves = [(r["curve"], "o-", r["model"])]
+        if "llamacpp_curve" in r:
+            curves.append((r["llamacpp_curve"], "x--", f"llama.cpp, {r['model']}"))
+        for c, style, label in curves:
+            ax.plot(MS, [c["relative"][str(m)] for m in MS], style, color=f"C{i}", lw=1.2, label=label)
+            ax_ms.plot(MS, [c["forward_ms"][str(m)] for m in MS], style, color=f"C{i}", lw=1.2, label=label)
+            top = max(top, 1.1 * max(c["relative"].values()))
     ax.plot(MS, [1.0] * len(MS), "k:", lw=1, label="weights read once (ideal)")
     ax.plot(MS, MS, color="0.8", lw=1, label="M separate passes")
-    ax.set_ylim(0, max(4.0, max(max(r["curve"]["relative"].values()) for r in result["models"]) * 1.1))
+    ax.set_ylim(0, top)
     ax.axhline(1.3, color="tab:red", lw=0.8, ls="--")
     ax.text(MS[-1], 1.33, "1.3x", color="tab:red", ha="right", fontsize=8)
     ax.set_xlabel("tokens per forward pass (M)")
     ax.set_ylabel("time relative to M = 1")
+    ax_ms.set_xlabel("tokens per forward pass (M)")
+    ax_ms.set_ylabel("ms per forward pass")
     ax.set_title(f"Verification cost curve ({result['machine']['cores']} cores)", fontsize=10)
+    ax_ms.set_title("absolute", fontsize=10)
     ax.legend(fontsize=7)
+    ax_ms.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -142,9 +158,17 @@ def main(argv=None) -> None:
         forward_ms(m, max(MS), repeats=1)                  # compile every M path before timing
         r = {"model": mid, "warm_s": round(w, 2), "curve": curve(m, a.repeats),
              "profile": profile_decode(m)}
+        lc = llamacpp.forward_ms(m.path, MS, repeats=a.repeats)       # None without the binding
+        if lc is not None:
+            r["llamacpp_curve"] = {"source": f"llama-cpp-python {llamacpp.version()}, logits for every row",
+                                   "forward_ms": {str(k): round(v, 3) for k, v in lc.items()},
+                                   "relative": {str(k): round(v / lc[1], 3) for k, v in lc.items()}}
         result["models"].append(r)
         rel = r["curve"]["relative"]
         print(f"{mid}: " + "  ".join(f"M={k}:{v:.2f}x" for k, v in rel.items()))
+        print("  ms: " + "  ".join(f"M={k}:{v:.1f}" for k, v in r["curve"]["forward_ms"].items()))
+        if lc is not None:
+            print("  llama.cpp ms: " + "  ".join(f"M={k}:{v:.1f}" for k, v in lc.items()))
         p = r["profile"]
         print(f"  decode step {p['step_ms']:.2f} ms: " + ", ".join(f"{k} {v:.2f}" for k, v in p["ms"].items())
               + f", glue {p['python_glue_ms']:.2f} ({p['python_glue_pct']:.1f}%), "

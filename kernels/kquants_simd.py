@@ -15,18 +15,20 @@ are stored in the same order (see q8k.py), so four chained ``vpdpbusd`` (u8 × s
 applied once per lane (ggml_vec_dot_qX_K_q8_K: int32 sums per sub-block, then scales):
 
     dot[L]  = Σ_{i∈L} u_i · xq_i           u: unsigned weight codes (0 … 2^bits − 1)
-    Q4_K, Q5_K, Q2_K:  acc[L] += (d·dx)·(sc[L]·dot[L]) − (dmin·dx)·(mn[L]·bsum[L])
-    Q6_K, Q3_K:        acc[L] += (d·dx)·(sc[L]·(dot[L] − off·bsum[L]))   (q = u − off)
+    acc[L] += dot[L] · (scd[L] · dx)  +  bias[L] · bsd[L]
+    scd = d·sc;  bias = −dmin·mn (Q4_K, Q5_K, Q2_K)  or  −off·d·sc (Q6_K, Q3_K: q = u − off)
 
-All lane values are exact int32 below 2^24 (bounds in the decoders), so the int -> float
-conversion is exact and every lane update is one fused multiply-add per term (d·dx is a
-float32 product, as in ggml).  The float operations per (n, m) are this fixed sequence,
-super-block after super-block, then a fixed pairwise fold of the 16 lanes (_lane_sum):
-out[m] is bitwise independent of M, of the other rows and of the chunking.
-
+bsd[L] = bsum[L] · dx is stored with the activations (q8k.py), and scd, bias are per weight
+super-block, shared by all M rows, so each activation row costs four ``vpdpbusd``, one int
+-> float conversion, one multiply and two fused multiply-adds per super-block: the per-row
+work is what a verification batch of M rows adds to the one weight read.  scd and bias are
+exact (integers below 2^8 times an f16), the lanes of dot are exact int32 below 2^24
+(bounds in the decoders), so the conversion is exact; ggml_vec_dot_qX_K_q8_K computes the
+same sum with the two terms grouped differently (d·dx · Σ sc·dot − dmin·dx · Σ mn·bsum).
+The float operations per (n, m) are this fixed sequence,
 Arrays (C-contiguous):  w uint8 (N, row_bytes) raw GGUF rows;  the Q8_K activations in the
 block-major layout of q8k.py: xq int8 (K/256, M, 256) lane-major codes in [-127, 127],
-xd float32 (K/256, M), xbs int32 (K/256, M, 16) per-16 code sums;  out float32 (M, N);
+xd float32 (K/256, M), xbs float32 (K/256, M, 16) per-16 code sums times xd;  out float32 (M, N);
 acc float32 (n_chunks, tile, M, 16) scratch.
 """
 from __future__ import annotations
@@ -142,11 +144,19 @@ def _splat_f32(builder, f):
 class Decoded(NamedTuple):
     """One super-block in registers (lane-major, see the module docstring)."""
     u: list            # 4 × <16 x i32> (= <64 x u8>): V_k, unsigned codes
-    sc: ir.Value       # <16 x i32>: scale of lane (group) L
-    mn: ir.Value       # <16 x i32>: min of group L (Q4_K, Q5_K, Q2_K) or None
-    off: int           # code offset (Q6_K 32, Q3_K 4) or 0
-    d: ir.Value        # float: super-block scale
-    dmin: ir.Value     # float or None
+    scd: ir.Value      # <16 x float>: d · sc[L]
+    bias: ir.Value     # <16 x float>: −dmin · mn[L], or −off · d · sc[L]
+
+
+def _decoded(builder, u, sc, d, mn=None, dmin=None, off: int = 0) -> Decoded:
+    """Decoded from the codes u, the integer scales sc (and mins mn) as <16 x i32> lanes and
+    the float super-block scales d (and dmin); every product here is exact."""
+    scd = builder.fmul(builder.sitofp(sc, V16F32), _splat_f32(builder, d))
+    if mn is not None:
+        bias = builder.fmul(builder.sitofp(mn, V16F32), _splat_f32(builder, builder.fneg(dmin)))
+    else:
+        bias = builder.fmul(scd, ir.Constant(V16F32, float(-off)))
+    return Decoded(u, scd, bias)
 
 
 def _k4_scales(builder, p, off: int):
@@ -175,7 +185,7 @@ def _decode_q4_k(builder, p, f16c):
     sc, mn = _k4_scales(builder, p, 4)
     d = _f16_to_f32(builder, _load(builder, p, 0, I16), f16c)
     dmin = _f16_to_f32(builder, _load(builder, p, 2, I16), f16c)
-    return Decoded(u, sc, mn, 0, d, dmin)
+    return _decoded(builder, u, sc, d, mn, dmin)
 
 
 def _decode_q5_k(builder, p, f16c):
@@ -193,7 +203,7 @@ def _decode_q5_k(builder, p, f16c):
     sc, mn = _k4_scales(builder, p, 4)
     d = _f16_to_f32(builder, _load(builder, p, 0, I16), f16c)
     dmin = _f16_to_f32(builder, _load(builder, p, 2, I16), f16c)
-    return Decoded(u, sc, mn, 0, d, dmin)
+    return _decoded(builder, u, sc, d, mn, dmin)
 
 
 def _hsl(L: int) -> tuple[int, int, int]:
@@ -217,7 +227,7 @@ def _decode_q6_k(builder, p, f16c):
         u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
     sc = builder.sext(_load(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
     d = _f16_to_f32(builder, _load(builder, p, 208, I16), f16c)
-    return Decoded(u, sc, None, 32, d, None)
+    return _decoded(builder, u, sc, d, off=32)
 
 
 def _crumbs(builder, qs, k: int):
@@ -250,7 +260,7 @@ def _decode_q3_k(builder, p, f16c):
     sc6 = builder.or_(lo, builder.shl(hi, ir.Constant(V16, 4)))
     sc = builder.sub(builder.zext(sc6, V16I32), _splat_i32(32))
     d = _f16_to_f32(builder, _load(builder, p, 108, I16), f16c)
-    return Decoded(u, sc, None, 4, d, None)
+    return _decoded(builder, u, sc, d, off=4)
 
 
 def _decode_q2_k(builder, p, f16c):
@@ -263,7 +273,7 @@ def _decode_q2_k(builder, p, f16c):
     mn = builder.zext(builder.lshr(sm, ir.Constant(sm.type, 4)), V16I32)
     d = _f16_to_f32(builder, _load(builder, p, 80, I16), f16c)
     dmin = _f16_to_f32(builder, _load(builder, p, 82, I16), f16c)
-    return Decoded(u, sc, mn, 0, d, dmin)
+    return _decoded(builder, u, sc, d, mn, dmin)
 
 
 _T = gguf.GGMLQuantizationType
@@ -281,28 +291,16 @@ DECODERS: dict[int, tuple[Callable, int]] = {   # qtype -> (decoder, block bytes
 def _emit_update(builder, dec: Decoded, u8, vnni: bool, x, m, b, acc):
     """acc (<16 x float>) + the contribution of decoded block b to activation row m."""
     row = builder.add(builder.mul(b, x.M), m)                   # (b, m) in the block-major x
-    bs = builder.load(builder.gep(x.bs, [builder.mul(row, I64(16))], source_etype=I32),
-                      typ=V16I32, align=4)
-    # offset codes: start the dot at −off·bsum (the ggml AVX2 paths' q8sums trick)
     dot = _splat_i32(0)
-    if dec.off:
-        dot = builder.sub(dot, builder.mul(bs, _splat_i32(dec.off)))
     for k in range(4):
         xv = builder.load(builder.gep(x.q, [builder.add(builder.mul(row, I64(QK_K)), I64(64 * k))],
                                       source_etype=I8), typ=V64I8, align=1)
         dot = _dpbusd(builder, vnni, dot, u8[k], xv)
-    dx = builder.load(builder.gep(x.d, [row], source_etype=F32))
-    # dot·sc and bsum·mn as float products: every factor and product is an integer below
-    # 2^24 in magnitude for all five formats (|dot| <= 16·32·127, |sc| <= 127), so they are
-    # exact and equal the int32 products bit for bit, without the slow vpmulld; the
-    # conversions of sc and mn are per super-block, shared by all M activation rows.
-    prod = builder.fmul(builder.sitofp(dot, V16F32), builder.sitofp(dec.sc, V16F32))
-    acc = _fma(builder, prod, _splat_f32(builder, builder.fmul(dec.d, dx)), acc)
-    if dec.dmin is not None:        # − dmin·dx · Σ mn·bsum (ggml_vec_dot_q4_K_q8_K's mins)
-        mdx = _splat_f32(builder, builder.fneg(builder.fmul(dec.dmin, dx)))
-        mins = builder.fmul(builder.sitofp(bs, V16F32), builder.sitofp(dec.mn, V16F32))
-        acc = _fma(builder, mins, mdx, acc)
-    return acc
+    dx = _splat_f32(builder, builder.load(builder.gep(x.d, [row], source_etype=F32)))
+    bsd = builder.load(builder.gep(x.bs, [builder.mul(row, I64(16))], source_etype=F32),
+                       typ=V16F32, align=4)
+    acc = _fma(builder, builder.sitofp(dot, V16F32), builder.fmul(dec.scd, dx), acc)
+    return _fma(builder, dec.bias, bsd, acc)
 
 
 def _prefetch(builder, p):
@@ -324,7 +322,7 @@ class _Q8K(NamedTuple):
     """Data pointers of the Q8_K activations (block-major, see q8k.py) and their sizes."""
     q: ir.Value      # i8*  codes (K/256, M, 256)
     d: ir.Value      # f32* scales (K/256, M)
-    bs: ir.Value     # i32* bsums (K/256, M, 16)
+    bs: ir.Value     # f32* bsums · d (K/256, M, 16)
     M: ir.Value
     nblk: ir.Value   # K/256
 

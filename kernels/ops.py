@@ -65,14 +65,49 @@ def rope(x, positions, n_rot, base, neox):
                 x[m, h, b] = x0 * s + x1 * c
 
 
-@njit(cache=True, nogil=True)
+# exp(x) for float32 in vectorizable arithmetic (the library expf is a call per element, which
+# the compiler cannot vectorize): x = n·ln2 + r, |r| <= ln2/2, with ln2 split in two (Cody and
+# Waite); e^r by a degree-7 Taylor-like polynomial (minimax coefficients of the Cephes expf);
+# 2^n written as float32 bits.  Inputs are clamped to [-87, 88]: e^-87 and e^88 stand for 0
+# and +inf where they are used (silu's denominator 1 + e^-g).  silu·up stays within a few
+# float32 ulp of the float64 result (tests/test_ops.py).
+_LOG2E = np.float32(1.44269504088896341)
+_LN2_HI = np.float32(0.693359375)
+_LN2_LO = np.float32(-2.12194440e-4)
+_P0, _P1, _P2 = np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3)
+_P3, _P4, _P5 = np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _exp_parts(x):
+    """x float32 -> (e^r, n) with e^x = e^r · 2^n (see above)."""
+    x = min(max(x, np.float32(-87.0)), np.float32(88.0))
+    n = np.float32(np.rint(x * _LOG2E))
+    r = x - n * _LN2_HI - n * _LN2_LO
+    p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
+    return p * r * r + r + np.float32(1.0), np.int32(n)
+
+
+@njit(cache=True, nogil=True, parallel=True)
 def swiglu(gate, up, out):
-    """out = silu(gate) * up.   all (M, F).  silu(g) = g / (1 + exp(-g))  (ggml_vec_swiglu_f32)."""
+    """out = silu(gate) * up.   all (M, F); out may be gate.  silu(g) = g / (1 + exp(-g))
+    (ggml_vec_swiglu_f32, which also evaluates exp with a polynomial).  Per row, passes over
+    (F,) scratch vectors that the compiler vectorizes (none of them may alias the inputs):
+    e^r and the bits of 2^n, the quotient, then the copy into out."""
     M, F = gate.shape
-    for m in range(M):
+    for m in prange(M):
+        e = np.empty(F, dtype=np.float32)                 # (F,) e^r, then the result
+        bits = np.empty(F, dtype=np.int32)                # (F,) float32 bits of 2^n
+        scale = bits.view(np.float32)
+        g = gate[m]
         for i in range(F):
-            g = gate[m, i]
-            out[m, i] = g / (np.float32(1.0) + np.exp(-g)) * up[m, i]
+            r, n = _exp_parts(-g[i])
+            e[i] = r
+            bits[i] = (n + 127) << 23
+        u = up[m]
+        for i in range(F):
+            e[i] = g[i] / (np.float32(1.0) + e[i] * scale[i]) * u[i]
+        out[m] = e
 
 
 @njit(cache=True, nogil=True)

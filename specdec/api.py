@@ -89,7 +89,7 @@ class Model:
                  draft: "Model | Drafter | str | None" = None, draft_n: int = 5,
                  draft_p: float = 0.9, draft_model: "Model | None" = None,
                  draft_policy: "str | DraftPolicy" = "threshold",
-                 lookup_ngram_min: int = 2, lookup_ngram_max: int = 4,
+                 lookup_ngram_min: int = 2, lookup_ngram_max: int = 16,
                  ignore_eos: bool = False, n_ctx: int | None = None,
                  on_token: Callable[[int, str], None] | None = None,
                  trace: TraceSink | None = None) -> Completion:

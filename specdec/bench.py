@@ -29,6 +29,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import llamacpp
+
 # llama.cpp on this machine kind (2 cores, AVX-512), llama-bench -t 2 -p 64 -n 64, tokens/s
 LLAMACPP = {
     "qwen2.5-coder-1.5b-instruct-q4_k_m": {"pp64": 110.0, "tg64": 15.4},
@@ -97,7 +99,11 @@ def _warm(model) -> float:
 
 # ---- decode ----------------------------------------------------------------------------------
 
-def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: int = 3) -> dict:
+def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: int = 3,
+                       llama: dict | None = None) -> dict:
+    """One model's row.  llama: llama.cpp's {'pp_tok_s', 'tg_tok_s'} measured earlier in the
+    run for the same file (an ':q8' row after its base); else measured here when
+    llama-cpp-python is installed, else MODELS.md's figures."""
     import specdec
     base_id, _, activations = model_id.partition(":")
     t = time.perf_counter()
@@ -120,9 +126,15 @@ def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: i
         tg_best = max(tg_best, n_tg / (time.perf_counter() - t))
     wb = weight_bytes_per_token(m)
     ref = LLAMACPP.get(base_id, {})
+    source = "MODELS.md"
+    live = llama if llama is not None else llamacpp.decode(m.path, prompt, n_tg, repeats)
+    if live is not None:                  # llama.cpp in this run, same file, same threads
+        ref = {"pp64": live["pp_tok_s"], "tg64": live["tg_tok_s"]}
+        source = f"measured in this run (llama-cpp-python {llamacpp.version()})"
     return {"model": model_id, "load_s": round(load_s, 2), "compile_or_warm_s": round(warm_s, 2),
             "pp64_tok_s": round(pp_best, 2), "tg64_tok_s": round(tg_best, 2),
             "weight_bytes_per_token": wb, "tg_gb_s": round(wb * tg_best / 1e9, 2),
+            "llamacpp_source": source if ref else None,
             "llamacpp_pp64_tok_s": ref.get("pp64"), "llamacpp_tg64_tok_s": ref.get("tg64"),
             "tg_vs_llamacpp": round(tg_best / ref["tg64"], 3) if ref else None,
             "pp_vs_llamacpp": round(pp_best / ref["pp64"], 3) if ref else None}
@@ -131,9 +143,12 @@ def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: i
 def bench_decode(models: Sequence[str], out_dir: Path, repeats: int = 3, log: Log = print) -> dict:
     """decode.json (+ roofline fractions when out_dir holds bandwidth.json)."""
     bw = roofline(Path(out_dir))
-    rows = []
+    rows, live = [], {}
     for mid in models:
-        r = bench_decode_model(mid, repeats=repeats)
+        base = mid.partition(":")[0]
+        r = bench_decode_model(mid, repeats=repeats, llama=live.get(base))
+        if r["llamacpp_source"] and r["llamacpp_source"].startswith("measured"):
+            live[base] = {"pp_tok_s": r["llamacpp_pp64_tok_s"], "tg_tok_s": r["llamacpp_tg64_tok_s"]}
         if bw:
             r["roofline_fraction"] = round(r["tg_gb_s"] / bw["all_threads_gbs"], 3)
         rows.append(r)

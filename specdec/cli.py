@@ -73,7 +73,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="draft length: threshold (up to --draft-n, stop below --draft-p), fixed "
                         "(--draft-n), adaptive (1..--draft-n from measured acceptance and costs)")
     g.add_argument("--lookup-ngram-min", type=int, default=2, help="prompt lookup: shortest n-gram matched (default: 2)")
-    g.add_argument("--lookup-ngram-max", type=int, default=4, help="prompt lookup: longest n-gram matched (default: 4)")
+    g.add_argument("--lookup-ngram-max", type=int, default=16, help="prompt lookup: longest n-gram matched (default: 16)")
     g.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N", help="context size (default: min(4096, trained))")
     g.add_argument("-t", "--threads", type=int, default=0, metavar="N",
                    help="threads of the Numba kernels (default: all cores)")

@@ -8,7 +8,10 @@ is free to be good or bad, but must never lie about q.
 Protocol: `propose(context_ids, n_max, rng) -> Draft` with 0 <= n <= n_max tokens, then
 `accept(n_accepted, next_token)` once the target has verified them, and `reset()` between
 requests.  `propose` receives the whole accepted context, so a drafter can always re-derive
-its state from it; the hooks let it keep that cheap.
+its state from it; the hooks let it keep that cheap.  Optionally `key(context_ids) -> str`
+names the kind of draft the next `propose` on that context will make (a function of the
+context alone), so that a draft-length policy can keep statistics per kind and pick the
+length before drafting (policies.AdaptiveLength); prompt lookup's keys are its match lengths.
 
 Drafters here: ModelDrafter (a small model), PromptLookupDrafter (copies what followed an
 earlier occurrence of the context's last n-gram; q is one-hot), HybridDrafter (lookup when it
@@ -203,17 +206,37 @@ class PromptLookupDrafter:
 
     source = "prompt-lookup"
 
-    def __init__(self, n_vocab: int, ngram_max: int = 4, ngram_min: int = 2):
+    BUCKETS = ((16, "16+"), (8, "8-15"), (5, "5-7"), (3, "3-4"), (1, "1-2"))   # match n -> key
+
+    def __init__(self, n_vocab: int, ngram_max: int = 16, ngram_min: int = 2):
         if not 1 <= ngram_min <= ngram_max:
             raise ConfigError(f"--lookup-ngram-min/max: need 1 <= min <= max, got {ngram_min}, {ngram_max}")
         self.n_vocab, self.ngram_min, self.ngram_max = int(n_vocab), int(ngram_min), int(ngram_max)
         self.index = NgramIndex(self.ngram_min, self.ngram_max)
+        self._memo: tuple[tuple[int, ...], tuple[int, int] | None] | None = None   # last match
 
     def reset(self) -> None:
         self.index.reset()
+        self._memo = None
+
+    def key(self, context_ids: Sequence[int]) -> str:
+        """'prompt-lookup/<n>': the length bucket of the n-gram the next draft copies after
+        (longer matches copy longer runs), or 'prompt-lookup/none'."""
+        hit = self.match(context_ids)
+        if hit is None:
+            return f"{self.source}/none"
+        return f"{self.source}/" + next(name for lo, name in self.BUCKETS if hit[0] >= lo)
 
     def match(self, context_ids: Sequence[int]) -> tuple[int, int] | None:
         """(n, end): the n-gram matched and the exclusive end of its chosen occurrence."""
+        tail = (len(context_ids), *context_ids[-self.ngram_max - 1:])
+        if self._memo is not None and self._memo[0] == tail and self.index.ids == list(context_ids):
+            return self._memo[1]
+        hit = self._match(context_ids)
+        self._memo = (tail, hit)
+        return hit
+
+    def _match(self, context_ids: Sequence[int]) -> tuple[int, int] | None:
         L = len(context_ids)
         self.index.sync(context_ids, L - 1)          # occurrences that end before the suffix does
         ids = self.index.ids
@@ -259,6 +282,10 @@ class HybridDrafter:
         self.model.reset()
         self._by = None
 
+    def key(self, context_ids: Sequence[int]) -> str:
+        """The lookup's key when it matches, else the model's."""
+        return self.lookup.key(context_ids) if self.lookup.match(context_ids) else self.model.source
+
     def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
         draft = self.lookup.propose(context_ids, n_max, rng)
         self._by = self.lookup
@@ -280,7 +307,7 @@ DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid")
 
 def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draft_p: float = 0.0,
                  n_ctx: int | None = None, lookup_ngram_min: int = 2,
-                 lookup_ngram_max: int = 4) -> Drafter:
+                 lookup_ngram_max: int = 16) -> Drafter:
     """A Drafter for `target` (a specdec Model) from what the caller passed as `draft`:
 
       a Drafter object (has `propose`)   used as is;

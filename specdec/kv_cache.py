@@ -13,12 +13,13 @@ from .errors import ContextOverflowError
 
 
 class KVCache:
-    """k, v: (n_layer, n_head_kv, n_ctx, d_head) float32.  Positions 0..n_past-1 are valid."""
+    """k: (n_layer, n_head_kv, d_head, n_ctx) float32, keys transposed for the attention
+    kernel's score loop; v: (n_layer, n_head_kv, n_ctx, d_head) float32.  Positions
+    0..n_past-1 are valid."""
 
     def __init__(self, n_layer: int, n_head_kv: int, n_ctx: int, d_head: int):
-        shape = (n_layer, n_head_kv, n_ctx, d_head)
-        self.k = np.zeros(shape, dtype=np.float32)
-        self.v = np.zeros(shape, dtype=np.float32)
+        self.k = np.zeros((n_layer, n_head_kv, d_head, n_ctx), dtype=np.float32)
+        self.v = np.zeros((n_layer, n_head_kv, n_ctx, d_head), dtype=np.float32)
         self.n_ctx = n_ctx
         self.n_past = 0
 
@@ -34,7 +35,7 @@ class KVCache:
     def store(self, il: int, start: int, k, v) -> None:
         """Write rows for positions start..start+M-1.   k, v: (M, n_head_kv, d_head)."""
         m = k.shape[0]
-        self.k[il, :, start:start + m, :] = k.transpose(1, 0, 2)
+        self.k[il, :, :, start:start + m] = k.transpose(1, 2, 0)
         self.v[il, :, start:start + m, :] = v.transpose(1, 0, 2)
 
     def truncate(self, n: int) -> None:

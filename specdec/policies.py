@@ -26,9 +26,19 @@ while the observed n do not spread enough to fit it.  The policy picks n in n_mi
 maximising E(n) / T(n).  alpha is an exponential moving average over verified positions
 (each an accept / reject outcome), d one over steps that drafted.  In the paper's units,
 c = d / a is the cost coefficient and b / a the verify cost growth per extra row
-(`estimates()`).  Estimates are kept per draft source (Draft.source): a hybrid drafter's
-prompt-lookup steps (d ~ 0, often alpha ~ 1) and model steps differ; the next step is
-assumed to come from the same source as the last one (sources come in runs).
+(`estimates()`).
+
+Acceptance is not i.i.d. for copies: once a copied run has survived a few positions it
+tends to go on (an edit ends it, not chance).  So E(n) uses an acceptance rate per position,
+E(n) = 1 + sum_{j<=n} prod_{i<=j} alpha_i, each alpha_i counted (with decay) from the
+outcomes at position i and shrunk towards the pooled alpha where positions were rarely
+reached; with equal alpha_i this is the formula above.
+
+Estimates are kept per key: the drafter's `key(context)` when it has one (prompt lookup
+names the length of the n-gram it matched: long matches copy long runs), else its Draft.source.
+The loop tells the policy the key of the coming step with `prepare(key)` before `next_n()`;
+without it, the next step is assumed to be of the same key as the last one.  A key not seen
+yet borrows the verify line of the others.
 """
 from __future__ import annotations
 
@@ -52,6 +62,7 @@ class StepFeedback:
     n_accepted: int         # of which accepted
     draft_s: float          # drafter time (propose + accept)
     verify_s: float         # target pass over n_drafted + 1 rows, p, acceptance rule, rollback
+    key: str | None = None  # the drafter's key(context) for the step, when it has one
 
 
 class DraftPolicy(Protocol):
@@ -63,6 +74,8 @@ class DraftPolicy(Protocol):
     def next_n(self) -> int: ...
 
     def observe(self, fb: StepFeedback) -> None: ...
+
+    # optional: `prepare(key: str) -> None`, told the drafter's key of the coming step
 
 
 def check_draft_n(draft_n: int) -> None:
@@ -110,9 +123,22 @@ def best_n(alpha: float, draft_s: float, verify_a: float, verify_b: float,
            n_min: int, n_max: int) -> int:
     """argmax over n in n_min..n_max of E(n) / (n * draft_s + verify_a + verify_b * n);
     the smallest such n on ties."""
+    return best_n_by_position([alpha] * n_max, draft_s, verify_a, verify_b, n_min, n_max)
+
+
+def best_n_by_position(alphas: list[float], draft_s: float, verify_a: float, verify_b: float,
+                       n_min: int, n_max: int) -> int:
+    """As best_n with an acceptance rate per position: alphas[i-1] = P(accept i | i reached),
+    E(n) = 1 + sum_{j<=n} prod_{i<=j} alphas[i-1]."""
     best, best_rate = n_min, -1.0
-    for n in range(n_min, n_max + 1):
-        rate = expected_tokens(alpha, n) / max(n * draft_s + verify_a + verify_b * n, 1e-12)
+    e, survive = 1.0, 1.0
+    for n in range(0, n_max + 1):
+        if n > 0:
+            survive *= alphas[n - 1]
+            e += survive
+        if n < n_min:
+            continue
+        rate = e / max(n * draft_s + verify_a + verify_b * n, 1e-12)
         if rate > best_rate * (1 + 1e-12):
             best, best_rate = n, rate
     return best
@@ -131,6 +157,8 @@ class _Estimates:
     sxy: float = 0.0
     n_verified: int = 0
     n_steps: int = 0
+    reached: list[float] | None = None     # (n_max,) decayed counts of positions reached
+    accepted: list[float] | None = None    # (n_max,) ... and accepted
 
     def verify_line(self, growth_prior: float, prior_weight: float) -> tuple[float, float] | None:
         """(a, b) of v(n) = a + b*n: least squares, with a ridge pull of b towards
@@ -173,8 +201,13 @@ class AdaptiveLength:
 
     def reset(self) -> None:
         self._est: dict[str, _Estimates] = {}
-        self._last_source: str | None = None
+        self._last_key: str | None = None
+        self._next_key: str | None = None
         self.history: list[int] = []                       # n returned by each next_n
+
+    def prepare(self, key: str) -> None:
+        """The coming step's drafter key (see the module docstring)."""
+        self._next_key = key
 
     def next_n(self) -> int:
         n = self._choose()
@@ -182,21 +215,38 @@ class AdaptiveLength:
         return n
 
     def _choose(self) -> int:
-        e = self._est.get(self._last_source) if self._last_source is not None else None
+        key = self._next_key if self._next_key is not None else self._last_key
+        e = self._est.get(key) if key is not None else None
         if e is None or e.draft_s is None:
             return self.n_init
-        line = e.verify_line(self.growth_prior, self.prior_weight)
+        line = e.verify_line(self.growth_prior, self.prior_weight) or self._any_line()
         if line is None:
             return self.n_init
-        return best_n(e.alpha, e.draft_s, line[0], line[1], self.n_min, self.n_max)
+        k = 2.0                                            # pseudo-counts of the pooled alpha
+        alphas = [(e.accepted[i] + k * e.alpha) / (e.reached[i] + k) for i in range(self.n_max)]
+        return best_n_by_position(alphas, e.draft_s, line[0], line[1], self.n_min, self.n_max)
+
+    def _any_line(self) -> tuple[float, float] | None:
+        """The verify line of the key with the most steps (verification cost is the target's,
+        whoever drafted)."""
+        es = sorted(self._est.values(), key=lambda e: -e.n_steps)
+        return next((ln for e in es if (ln := e.verify_line(self.growth_prior, self.prior_weight))), None)
 
     def observe(self, fb: StepFeedback) -> None:
-        e = self._est.setdefault(fb.source, _Estimates(alpha=self.alpha_prior))
-        self._last_source = fb.source
+        key = fb.key if fb.key is not None else fb.source
+        e = self._est.setdefault(key, _Estimates(alpha=self.alpha_prior, reached=[0.0] * self.n_max,
+                                                 accepted=[0.0] * self.n_max))
+        self._last_key, self._next_key = key, None
         e.n_steps += 1
         lam = self.alpha_decay
-        for j in range(fb.n_verified):                     # accepted ones first, then a rejection
-            e.alpha += lam * ((1.0 if j < fb.n_accepted else 0.0) - e.alpha)
+        for j in range(self.n_max):                        # per position: decay, then count
+            e.reached[j] *= 1.0 - lam
+            e.accepted[j] *= 1.0 - lam
+        for j in range(min(fb.n_verified, self.n_max)):    # accepted ones first, then a rejection
+            ok = 1.0 if j < fb.n_accepted else 0.0
+            e.alpha += lam * (ok - e.alpha)
+            e.reached[j] += 1.0
+            e.accepted[j] += ok
         e.n_verified += fb.n_verified
         mu = self.cost_decay
         if fb.n_drafted > 0:

@@ -96,6 +96,22 @@ def probs(logits: np.ndarray, params: SamplerParams) -> np.ndarray:
     return out
 
 
+def probs_rows(logits: np.ndarray, params: SamplerParams) -> np.ndarray:
+    """probs for every row.  logits (M, V) -> (M, V) float64.  Greedy rows are built in one
+    pass over the float32 logits (the same argmax as probs: float32 -> float64 is exact and
+    order-preserving); other settings go row by row through probs."""
+    x = np.asarray(logits)
+    if x.ndim != 2 or x.shape[1] == 0:
+        raise ValueError(f"probs_rows expects (M, V) logits, got shape {x.shape}")
+    if not params.greedy:
+        return np.stack([probs(row, params) for row in x]) if len(x) else np.zeros(x.shape)
+    if not np.all(np.isfinite(x.max(axis=1))):
+        raise ValueError("logits contain NaN or have no finite maximum")
+    out = np.zeros(x.shape, dtype=np.float64)         # (M, V)
+    out[np.arange(len(x)), np.argmax(x, axis=1)] = 1.0
+    return out
+
+
 def _survivors(x: np.ndarray, params: SamplerParams) -> np.ndarray:
     """Token ids kept by top-k, top-p and min-p, in descending logit order.  (V,) -> (m,)."""
     cand = _top_k(x, params.top_k)                    # (k,) unsorted

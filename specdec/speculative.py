@@ -14,8 +14,9 @@ Per step at most n_predict - generated tokens are emitted (the draft is capped a
 and nothing after an end-of-generation token.  Timings: prompt_s covers the prefill of all
 prompt tokens but the last; decode_s everything after it (drafting included).
 
-How many tokens to draft is the policy's choice (specdec.policies): asked before each step,
-told the outcome and the measured draft / verify times after it.  The clock is injected
+How many tokens to draft is the policy's choice (specdec.policies): told the drafter's key
+for the step when both have one (`drafter.key(ctx)`, `policy.prepare(key)`), asked before
+each step, told the outcome and the measured draft / verify times after it.  The clock is injected
 (`clock=`) so that tests can make timing-driven policies deterministic.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .drafters import Draft, Drafter
 from .errors import IncompatibleDraftError
 from .generate import GenerationResult, OnToken, Session, check_request, kept_prefix, make_timings
 from .policies import DRAFT_N_MAX, DraftPolicy, FixedLength, StepFeedback, check_draft_n
-from .sampling import Rng, SamplerParams, probs
+from .sampling import Rng, SamplerParams, probs_rows
 from .trace import TraceSink, step_record
 from .verify import VerifyResult, verify
 
@@ -110,6 +111,11 @@ def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence
         if room < 0:
             stop = "ctx_full"
             break
+        tk = clock()
+        key = drafter.key(ctx) if hasattr(drafter, "key") else None
+        if key is not None and hasattr(policy, "prepare"):
+            policy.prepare(key)                           # what kind of draft comes next
+        t_key = clock() - tk                              # counted as drafting time
         asked = policy.next_n()
         if int(asked) != asked or not 0 <= asked <= policy.n_max:
             raise ValueError(f"draft policy asked for {asked} tokens, outside 0..{policy.n_max}")
@@ -121,7 +127,7 @@ def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence
             raise ValueError(f"drafter proposed {n} tokens, at most {n_max} were asked for")
         tb = clock()
         logits = target.eval([ctx[-1], *draft.tokens])    # (n+1, V) one batched pass
-        p = np.stack([probs(row, params) for row in logits])   # (n+1, V)
+        p = probs_rows(logits, params)                    # (n+1, V)
         res = verify(draft.tokens, draft.q, p, rng)
         target.truncate(target.n_past - (n - res.n_accepted))  # keep ctx + accepted drafts
         tc = clock()
@@ -137,9 +143,9 @@ def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence
             emitted.append(token)
             if on_token is not None:
                 on_token(token, kind)
-        steps.append(_Step(n, res, (tb - ta) + (td - tc), tc - tb, draft.source, n_max, asked))
+        steps.append(_Step(n, res, t_key + (tb - ta) + (td - tc), tc - tb, draft.source, n_max, asked))
         policy.observe(StepFeedback(draft.source, n_max, n, len(res.records), res.n_accepted,
-                                    steps[-1].draft_s, steps[-1].verify_s))
+                                    steps[-1].draft_s, steps[-1].verify_s, key))
         if trace is not None:
             trace.write(step_record(len(steps) - 1, len(ctx), draft.tokens, draft.q, p, res,
                                     emitted, stop == "eog", steps[-1].draft_s, steps[-1].verify_s))

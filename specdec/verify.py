@@ -56,6 +56,14 @@ def overlap(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.minimum(p, q).sum(axis=-1)
 
 
+def alphas(p: np.ndarray, q: np.ndarray, tokens: Sequence[int]) -> tuple[float, ...]:
+    """overlap(p_i, q_i) for each drafted position i, p (n(+1), V), q (n, V).  Where q_i is
+    one-hot on the drafted x_i (deterministic drafters, and every draft at temperature 0) it
+    is min(1, p_i(x_i)) without a pass over the vocabulary."""
+    return tuple(min(1.0, float(p[i, x])) if q[i, x] == 1.0 else float(overlap(p[i], q[i]))
+                 for i, x in enumerate(tokens))
+
+
 def residual(p_i: np.ndarray, q_i: np.ndarray) -> np.ndarray:
     """normalize(max(0, p_i - q_i)); p_i itself when that is all zero (only if p_i == q_i)."""
     r = np.maximum(p_i - q_i, 0.0)        # (V,)
@@ -73,7 +81,7 @@ def verify(draft_tokens: Sequence[int], q: np.ndarray, p: np.ndarray, rng: Rng) 
     n = len(draft_tokens)
     if q.shape[0] != n or p.shape[0] != n + 1 or (n and q.shape[1] != p.shape[1]):
         raise ValueError(f"verify: shapes q {q.shape}, p {p.shape} do not fit {n} drafted tokens")
-    alpha = tuple(float(a) for a in overlap(p[:n], q))
+    alpha = alphas(p, q, draft_tokens)
     records: list[PositionRecord] = []
     for i, x in enumerate(draft_tokens):
         q_x, p_x = float(q[i, x]), float(p[i, x])

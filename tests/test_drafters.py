@@ -20,7 +20,7 @@ from specdec.drafters import (HybridDrafter, ModelDrafter, NgramIndex, PromptLoo
                               make_drafter)
 from specdec.errors import ConfigError, SpecdecError
 from specdec.generate import generate_plain
-from specdec.policies import (AdaptiveLength, FixedLength, StepFeedback, Threshold, best_n,
+from specdec.policies import (AdaptiveLength, FixedLength, StepFeedback, Threshold, best_n, best_n_by_position,
                               expected_tokens, make_policy)
 from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
 from specdec.speculative import generate_speculative
@@ -401,3 +401,39 @@ def test_greedy_identity_on_qwen_pair_code_editing(real_model):
                          draft_n=16, draft_policy="adaptive")
     assert lk.ids == want and hy.ids == want
     assert lk.stats.n_accepted > 0
+
+
+def test_lookup_key_names_the_match_length():
+    d = PromptLookupDrafter(10, ngram_max=16, ngram_min=2)
+    assert d.key([1, 2, 3, 4]) == "prompt-lookup/none"
+    run = [1, 2, 3, 4, 5, 6]
+    assert d.key(run + [9] + run) == "prompt-lookup/5-7"          # suffix 1..6 seen: n = 6
+    assert d.key(run + [9] + run[-2:]) == "prompt-lookup/1-2"
+    long = list(range(20))
+    assert d.key(long + [0, 0] + long) == "prompt-lookup/16+"
+    assert d.propose(long + [0, 0] + long, 3, None).tokens == (0, 0, 0)   # memo: same match
+    assert d.key([5, 5, 5, 5, 5]) == "prompt-lookup/3-4"           # overlapping occurrence
+
+
+def test_adaptive_length_by_key_and_by_position():
+    """prepare(key) selects the key's estimates; per-position rates see bursty runs."""
+    pol = AdaptiveLength(n_max=16)
+    rng = np.random.default_rng(1)
+    for _ in range(120):
+        for key, alpha in (("prompt-lookup/16+", 0.98), ("prompt-lookup/1-2", 0.25)):
+            pol.prepare(key)
+            n = pol.next_n()
+            acc = 0
+            while acc < n and rng.random() < alpha:
+                acc += 1
+            pol.observe(StepFeedback("prompt-lookup", n, n, min(n, acc + 1), acc, 1e-4,
+                                     1.0 + 0.15 * n, key))
+    pol.prepare("prompt-lookup/16+")
+    assert pol.next_n() >= 12
+    pol.prepare("prompt-lookup/1-2")
+    assert pol.next_n() <= 2
+    # all-or-nothing runs: past the first position nothing fails, so draft all 16
+    assert best_n_by_position([0.5] + [1.0] * 15, 0.0, 1.0, 0.1, 1, 16) == 16
+    # runs that end after 3: stop there (an i.i.d. rate cannot say where)
+    assert best_n_by_position([0.9] * 3 + [0.05] * 13, 0.0, 1.0, 0.1, 1, 16) == 3
+    assert best_n_by_position([0.7] * 16, 0.02, 1.0, 0.1, 1, 16) == best_n(0.7, 0.02, 1.0, 0.1, 1, 16)

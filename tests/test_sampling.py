@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.errors import SpecdecError
-from specdec.sampling import GREEDY, NumpyRandom, SamplerParams, probs, sample, softmax
+from specdec.sampling import GREEDY, NumpyRandom, SamplerParams, probs, probs_rows, sample, softmax
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0)
 
@@ -161,3 +161,21 @@ def test_numpy_random_frequencies():
     assert abs(hits - 0.3) < 0.015
     with pytest.raises(ValueError):
         rng.categorical(np.zeros(3))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 6), v=st.integers(1, 40),
+       temperature=st.sampled_from([0.0, 0.7, 1.3]), ties=st.booleans())
+def test_probs_rows_equals_probs_row_by_row(seed, m, v, temperature, ties):
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((m, v)).astype(np.float32)
+    if ties:
+        logits = np.round(logits)                       # repeated maxima: lowest id wins
+    params = SamplerParams(temperature=temperature, top_k=5, top_p=0.9, min_p=0.05)
+    rows = probs_rows(logits, params)
+    assert np.array_equal(rows, np.stack([probs(r, params) for r in logits]))
+
+
+def test_probs_rows_rejects_nan():
+    with pytest.raises(ValueError):
+        probs_rows(np.array([[0.0, np.nan]], np.float32), SamplerParams(temperature=0.0))

@@ -22,7 +22,7 @@ from specdec.generate import generate_plain
 from specdec.sampling import GREEDY, NumpyRandom, SamplerParams, probs
 from specdec.speculative import generate_speculative
 from specdec.trace import JsonlTrace, StepRecord, read_trace
-from specdec.verify import DraftProbabilityError, VerifyResult, overlap, residual, verify
+from specdec.verify import DraftProbabilityError, VerifyResult, alphas, overlap, residual, verify
 
 factories = pytest.mark.parametrize("factory", list(PAIR_FACTORIES.values()), ids=list(PAIR_FACTORIES))
 # the same, with every factory but the first marked slow (sampling-heavy tests)
@@ -105,6 +105,22 @@ def test_verify_records_and_alpha():
     assert (r.token, r.q_x, r.p_x, r.accepted) == (1, 0.75, 0.5, False)
     assert r.ratio == pytest.approx(2 / 3) and r.accept_prob == pytest.approx(2 / 3)
     assert len(res.records) == 1 and res.alpha == pytest.approx((0.75, 1.0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 5), v=st.integers(2, 12))
+def test_alphas_shortcut_equals_overlap(seed, n, v):
+    """One-hot q rows take the min(1, p(x)) shortcut; it must equal the full overlap."""
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.ones(v), n + 1)
+    q = rng.dirichlet(np.ones(v), n)
+    tokens = rng.integers(0, v, n)
+    one_hot = rng.random(n) < 0.5
+    q[one_hot] = 0.0
+    q[np.flatnonzero(one_hot), tokens[one_hot]] = 1.0
+    p[0] = 0.0
+    p[0, tokens[0]] = 1.0                                     # p one-hot on x as well
+    assert alphas(p, q, tokens) == pytest.approx(tuple(overlap(p[:n], q)), abs=1e-12)
 
 
 def test_verify_degenerate_residual_and_bad_inputs():
