@@ -11,7 +11,8 @@ tokens over decode time (prefill excluded, drafting included).  p is the target'
 distribution, q the draft's; predicted acceptance is the mean of 1 - TV(p, q) over verified
 positions (Leviathan et al. 2023, Def. 3.1), measured is accepted / verified.
 
-Configurations (draft_n = --draft-n unless said):
+Configurations (draft_n = --draft-n unless said; the draft model computes logits for ids below
+--draft-vocab only):
   plain          the target alone
   model          draft model, threshold policy (up to draft_n, stop below --draft-p)
   prompt-lookup  n-grams of 2..4 tokens (--lookup-ngram-min/max), fixed length draft_n
@@ -43,16 +44,18 @@ def config_kwargs(name: str, draft, a) -> dict:
     if name == "plain":
         return {}
     if name == "model":
-        return dict(draft=draft, draft_n=a.draft_n, draft_p=a.draft_p, draft_policy="threshold")
+        return dict(draft=draft, draft_n=a.draft_n, draft_p=a.draft_p, draft_policy="threshold",
+                    draft_vocab=a.draft_vocab)
     if name == "prompt-lookup":
         return dict(draft="prompt-lookup", draft_n=a.draft_n, draft_policy="fixed", **lookup)
     if name == "lookup-adaptive":
         return dict(draft="prompt-lookup", draft_n=16, draft_policy="adaptive", **lookup)
     if name == "hybrid":
         return dict(draft="hybrid", draft_model=draft, draft_n=a.draft_n, draft_p=a.draft_p,
-                    draft_policy="threshold", **lookup)
+                    draft_policy="threshold", draft_vocab=a.draft_vocab, **lookup)
     if name == "adaptive":
-        return dict(draft="hybrid", draft_model=draft, draft_n=16, draft_policy="adaptive", **lookup)
+        return dict(draft="hybrid", draft_model=draft, draft_n=16, draft_policy="adaptive",
+                    draft_vocab=a.draft_vocab, **lookup)
     raise ValueError(name)
 
 
@@ -119,9 +122,14 @@ def main() -> None:
     ap.add_argument("--draft-p", type=float, default=0.9)
     ap.add_argument("--lookup-ngram-min", type=int, default=2)
     ap.add_argument("--lookup-ngram-max", type=int, default=16)
+    ap.add_argument("--draft-vocab", type=int, default=32768,
+                    help="the draft model computes logits for ids below this only (0: all; "
+                         "default 32768: 95%% of the answers' tokens, 89%% greedy agreement with "
+                         "the target vs 93%% with all 151936, 23%% fewer draft bytes per token)")
     ap.add_argument("--ignore-eos", action="store_true")
     ap.add_argument("--out", default="bench-results")
     a = ap.parse_args()
+    a.draft_vocab = a.draft_vocab or None
     if "plain" in a.configs:
         a.configs = ["plain"] + [c for c in a.configs if c != "plain"]
     target, draft = specdec.load(QWEN_TARGET, n_ctx=1024), specdec.load(QWEN_DRAFT, n_ctx=1024)

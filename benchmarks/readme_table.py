@@ -46,6 +46,14 @@ def verify_lines(vc: dict) -> list[str]:
         p = r["profile"]
         out.append(f"| {r['model']} | " + " | ".join(f"{rel[m]:.2f}" for m in ms)
                    + f" | {p['step_ms']:.1f} ms | {p['python_glue_pct']:.1f}% |")
+        ms_row = r["curve"]["forward_ms"]
+        out.append("| &nbsp;&nbsp;ms | " + " | ".join(f"{ms_row[m]:.1f}" for m in ms) + " | | |")
+        if "llamacpp_curve" in r:
+            lc = r["llamacpp_curve"]
+            out.append("| &nbsp;&nbsp;llama.cpp, relative | " + " | ".join(f"{lc['relative'][m]:.2f}" for m in ms)
+                       + " | | |")
+            out.append("| &nbsp;&nbsp;llama.cpp, ms | " + " | ".join(f"{lc['forward_ms'][m]:.1f}" for m in ms)
+                       + " | | |")
     return out
 
 
@@ -85,9 +93,15 @@ def build(results: Path) -> str:
     if first is None:
         raise SystemExit(f"{results}: no benchmark results (run the benchmarks first)")
     m = first["machine"]
+    live = next((r["llamacpp_source"] for r in (dec or {}).get("results", [])
+                 if (r.get("llamacpp_source") or "").startswith("measured")), None)
+    llama = (f"llama.cpp's figures were measured in the same run on the same files and threads "
+             f"({live.split('(')[-1].rstrip(')')}, built without AMX)" if live else
+             "llama.cpp's figures are llama-bench on the same machine kind (`-t 2 -p 64 -n 64`)")
     lines = [f"Measured {m['date']} on {m['cpu']}, {m['cores']} cores, Numba {m['numba']}, "
-             f"with the commands of [docs/reproduce.md](docs/reproduce.md); llama.cpp's figures are "
-             "llama-bench on the same machine kind (`-t 2 -p 64 -n 64`)."]
+             f"with the commands of [docs/reproduce.md](docs/reproduce.md); {llama}. The machine is "
+             "shared: absolute figures move by up to 2x with the neighbours' load, ratios measured "
+             "side by side far less."]
     if bw:
         lines += ["", f"Memory read bandwidth: {bw['single_thread_gbs']:.1f} GB/s on one thread, "
                       f"{bw['all_threads_gbs']:.1f} GB/s on {bw['threads']} (`benchmarks/bandwidth.py`)."]
@@ -104,7 +118,9 @@ def build(results: Path) -> str:
                       "best of the draft-n × draft-p sweep (`benchmarks/speculative.py`):", ""] \
             + speculative_lines(sp)
     if dr:
+        dv = dr["settings"].get("draft_vocab")
         lines += ["", f"**Drafters**, greedy, draft-n {dr['settings']['draft_n']}, "
+                      + (f"draft model with `--draft-vocab {dv}`, " if dv else "") +
                       f"{dr['settings']['prompts']} prompts per set, tok/s (speedup over plain, same run; "
                       "`benchmarks/drafters.py`):", ""] + drafters_lines(dr)
     if mem:

@@ -71,9 +71,10 @@ class Model:
         return chat_prompt(self.tokenizer, messages, add_generation_prompt)
 
     # -- numbers -------------------------------------------------------------------------
-    def session(self, n_ctx: int | None = None) -> Session:
-        """A fresh KV cache over this model's weights (each holds its own context)."""
-        return Session(self.config, self.weights, int(n_ctx or self.n_ctx))
+    def session(self, n_ctx: int | None = None, n_logits: int | None = None) -> Session:
+        """A fresh KV cache over this model's weights (each holds its own context); n_logits:
+        compute the logits of ids below it only (model.Session)."""
+        return Session(self.config, self.weights, int(n_ctx or self.n_ctx), n_logits)
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """(len(ids), n_vocab) float32 logits of one fresh forward pass over ids."""
@@ -90,6 +91,7 @@ class Model:
                  draft_p: float = 0.9, draft_model: "Model | None" = None,
                  draft_policy: "str | DraftPolicy" = "threshold",
                  lookup_ngram_min: int = 2, lookup_ngram_max: int = 16,
+                 draft_vocab: int | None = None,
                  ignore_eos: bool = False, n_ctx: int | None = None,
                  on_token: Callable[[int, str], None] | None = None,
                  trace: TraceSink | None = None) -> Completion:
@@ -101,7 +103,9 @@ class Model:
         draft_model=) or 'prompt-lookup' (n-grams of lookup_ngram_min..max tokens); see
         drafters.make_drafter.  draft_policy: 'threshold' (up to draft_n, model drafts stop
         below confidence draft_p), 'fixed' (draft_n) or 'adaptive' (1..draft_n chosen from
-        the measured acceptance and costs), or a DraftPolicy object; see specdec.policies."""
+        the measured acceptance and costs), or a DraftPolicy object; see specdec.policies.
+        draft_vocab: the draft model computes logits for token ids below it only (a cheaper
+        draft over the common tokens; exactness is unaffected); None: all."""
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         rng = NumpyRandom(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
@@ -118,7 +122,7 @@ class Model:
             drafter = make_drafter(draft, self, params, draft_model=draft_model,
                                    draft_p=policy.p_min, n_ctx=n_ctx,
                                    lookup_ngram_min=lookup_ngram_min,
-                                   lookup_ngram_max=lookup_ngram_max)
+                                   lookup_ngram_max=lookup_ngram_max, draft_vocab=draft_vocab)
             res = generate_speculative(target, drafter, prompt_ids, n_predict, params, rng, eog,
                                        policy=policy, on_token=on_token, trace=trace)
         return _completion(self, prompt_ids, res)

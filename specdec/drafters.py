@@ -28,7 +28,7 @@ import numpy as np
 from .compat import check_compatible
 from .errors import ConfigError
 from .generate import Session
-from .sampling import Rng, SamplerParams, probs, softmax
+from .sampling import Rng, SamplerParams, probs, top_prob
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,9 @@ class ModelDrafter:
 
     n_vocab: the target's vocabulary size, when it differs from the draft's (padded
     vocabularies): q is built on the ids both share and is zero elsewhere, so the draft never
-    proposes an id the target lacks, and q stays the exact law of the drafted tokens.
+    proposes an id the target lacks, and q stays the exact law of the drafted tokens.  The
+    same holds when the draft session computes fewer logits (Session n_logits, --draft-vocab):
+    q lives on ids 0..n_logits-1, a cheaper draft that can never propose the rarer ids.
     """
 
     source = "model"
@@ -81,7 +83,7 @@ class ModelDrafter:
             raise ConfigError(f"--draft-p-min must be in [0, 1], got {draft_p}")
         self.session, self.params, self.draft_p = session, params, float(draft_p)
         self.n_vocab = int(n_vocab if n_vocab is not None else session.n_vocab)
-        self._shared = min(self.n_vocab, session.n_vocab)   # ids the draft may propose
+        self._shared = min(self.n_vocab, getattr(session, "n_logits", session.n_vocab))   # ids it may propose
         self._cached: list[int] = []                        # ids in the draft cache, len == n_past
         self._last: tuple[int, tuple[int, ...]] | None = None   # (context length, drafted) of the last proposal
         session.reset()
@@ -104,7 +106,7 @@ class ModelDrafter:
         qs: list[np.ndarray] = []
         while True:
             row = logits[: self._shared]                           # (V_shared,)
-            if self.draft_p > 0.0 and softmax(row).max() < self.draft_p:
+            if self.draft_p > 0.0 and top_prob(row) < self.draft_p:
                 break
             q = np.zeros(self.n_vocab, dtype=np.float64)           # (V,)
             q[: self._shared] = probs(row, self.params)
@@ -307,7 +309,7 @@ DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid")
 
 def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draft_p: float = 0.0,
                  n_ctx: int | None = None, lookup_ngram_min: int = 2,
-                 lookup_ngram_max: int = 16) -> Drafter:
+                 lookup_ngram_max: int = 16, draft_vocab: int | None = None) -> Drafter:
     """A Drafter for `target` (a specdec Model) from what the caller passed as `draft`:
 
       a Drafter object (has `propose`)   used as is;
@@ -316,7 +318,8 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
       'prompt-lookup'                    PromptLookupDrafter(lookup_ngram_max, lookup_ngram_min);
       'hybrid'                           HybridDrafter(prompt lookup, ModelDrafter(draft_model)).
 
-    draft_p: the model drafter's confidence floor (policy.p_min).  The draft model's
+    draft_p: the model drafter's confidence floor (policy.p_min); draft_vocab: the draft model
+    computes logits for ids below it only (None: all).  The draft model's
     vocabulary is checked against the target's (compat.check_compatible)."""
     n_vocab = int(target.config.n_vocab)
     n_ctx = int(n_ctx or target.n_ctx)
@@ -325,7 +328,7 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
         if m is None:
             raise ConfigError(f"--draft {draft} needs a draft model (-md / draft_model=)")
         check_compatible(target.tokenizer, m.tokenizer, target.name, m.name)
-        return ModelDrafter(m.session(n_ctx), params, draft_p, n_vocab=n_vocab)
+        return ModelDrafter(m.session(n_ctx, n_logits=draft_vocab), params, draft_p, n_vocab=n_vocab)
 
     def lookup() -> PromptLookupDrafter:
         return PromptLookupDrafter(n_vocab, ngram_max=lookup_ngram_max, ngram_min=lookup_ngram_min)

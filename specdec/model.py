@@ -7,7 +7,7 @@ kernel it calls is row-independent, so a row's logits are the same bits for any 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -127,8 +127,9 @@ def _info(gf: GGUFFile, name: str, dims: tuple[int, ...]):
 
 
 def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, start_pos: int,
-            last_only: bool = False) -> np.ndarray:
-    """tokens (M,) at positions start_pos.. -> logits (M, V), or (1, V) for the last row only.
+            last_only: bool = False, head: Linear | None = None) -> np.ndarray:
+    """tokens (M,) at positions start_pos.. -> logits (M, V), or (1, V) for the last row only;
+    head: an output layer to use instead of w.output (Session's n_logits: its first rows).
 
     Writes the new keys/values into `cache` at start_pos..start_pos+M-1 and sets n_past."""
     M, H, Hkv, Dh, D = len(tokens), cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_model
@@ -174,7 +175,7 @@ def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, st
     if last_only:
         x = x[-1:]
     rms_norm(x, w.out_norm, cfg.norm_eps, x)
-    logits = w.output(x)                                                         # (M, V)
+    logits = (head or w.output)(x)                                               # (M, V)
     if cfg.final_logit_softcap > 0:                  # gemma3 files that set one
         logits *= np.float32(1.0 / cfg.final_logit_softcap)
         np.tanh(logits, out=logits)
@@ -185,12 +186,24 @@ def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, st
 class Session:
     """One model plus its own KV cache: the unit that generation and speculation drive.
 
-    eval(tokens) appends tokens at positions n_past.. and returns their logits (M, V);
-    truncate(n) rolls the cache back to its first n tokens in O(1)."""
+    eval(tokens) appends tokens at positions n_past.. and returns their logits (M, n_logits);
+    truncate(n) rolls the cache back to its first n tokens in O(1).
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, n_ctx: int):
+    n_logits < V computes the logits of token ids 0..n_logits-1 only: the output layer is a
+    zero-copy view of its first n_logits rows, so a draft model reads that much less of its
+    head per token (BPE vocabularies are roughly ordered by merge frequency, so low ids are
+    the common tokens).  Any id can still be fed in."""
+
+    def __init__(self, cfg: ModelConfig, weights: Weights, n_ctx: int, n_logits: int | None = None):
         self.cfg, self.weights = cfg, weights
         self.cache = KVCache(cfg.n_layer, cfg.n_head_kv, n_ctx, cfg.d_head)
+        self.n_logits = cfg.n_vocab if n_logits is None else int(n_logits)
+        if not 1 <= self.n_logits <= cfg.n_vocab:
+            raise ConfigError(f"--draft-vocab must be in 1..{cfg.n_vocab}, got {n_logits}")
+        out = weights.output
+        self._head = None if self.n_logits == cfg.n_vocab else replace(
+            out, w=out.w[: self.n_logits], n_out=self.n_logits,
+            bias=None if out.bias is None else out.bias[: self.n_logits])
 
     n_vocab = property(lambda self: self.cfg.n_vocab)
     n_ctx = property(lambda self: self.cache.n_ctx)
@@ -203,7 +216,8 @@ class Session:
         if tokens.min() < 0 or tokens.max() >= self.cfg.n_vocab:
             raise ValueError(f"token id out of range 0..{self.cfg.n_vocab - 1}")
         self.cache.check_room(len(tokens))
-        return forward(self.cfg, self.weights, self.cache, tokens, self.cache.n_past, last_only)
+        return forward(self.cfg, self.weights, self.cache, tokens, self.cache.n_past, last_only,
+                       self._head)
 
     def truncate(self, n: int) -> None:
         self.cache.truncate(n)

@@ -77,6 +77,13 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
+def top_prob(logits: np.ndarray) -> float:
+    """softmax(logits).max() without building the distribution: 1 / Σ exp(x − max x), the
+    exponentials in float32 (the logits' precision), summed in float64.  (V,) -> float."""
+    x = np.asarray(logits)
+    return 1.0 / float(np.exp(x - x.max()).sum(dtype=np.float64))
+
+
 def probs(logits: np.ndarray, params: SamplerParams) -> np.ndarray:
     """The warped distribution a token is sampled from.  logits (V,) -> (V,) float64, sums to 1."""
     x = np.asarray(logits, dtype=np.float64)          # (V,)

@@ -437,3 +437,58 @@ def test_adaptive_length_by_key_and_by_position():
     # runs that end after 3: stop there (an i.i.d. rate cannot say where)
     assert best_n_by_position([0.9] * 3 + [0.05] * 13, 0.0, 1.0, 0.1, 1, 16) == 3
     assert best_n_by_position([0.7] * 16, 0.02, 1.0, 0.1, 1, 16) == best_n(0.7, 0.02, 1.0, 0.1, 1, 16)
+
+
+# ---- a draft that computes fewer logits (--draft-vocab) -----------------------------------------
+
+class CutLogits:
+    """A draft session that returns the logits of ids < k only (as Session(n_logits=k))."""
+
+    def __init__(self, inner, k: int):
+        self.inner, self.n_logits = inner, k
+
+    n_vocab = property(lambda self: self.inner.n_vocab)
+    n_ctx = property(lambda self: self.inner.n_ctx)
+    n_past = property(lambda self: self.inner.n_past)
+
+    def eval(self, tokens, last_only=False):
+        return self.inner.eval(tokens, last_only)[:, : self.n_logits]
+
+    def truncate(self, n):
+        self.inner.truncate(n)
+
+    def reset(self):
+        self.inner.reset()
+
+
+@factories
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**20), data=st.data(), params=sampling_params,
+       relation=st.sampled_from(RELATIONS), k=st.integers(1, 3))
+def test_exact_output_law_with_a_cut_draft_vocabulary(factory, seed, data, params, relation, k):
+    """q lives on ids < k and is zero elsewhere: still exactly the target's law."""
+    n_vocab = 4
+    prompt = data.draw(st.lists(st.integers(0, n_vocab - 1), min_size=1, max_size=3))
+    target, draft = factory(n_vocab, seed, relation)
+    drafter = ModelDrafter(CutLogits(draft, k), params, n_vocab=n_vocab)
+
+    def run(rng):
+        res = generate_speculative(target, drafter, prompt, 3, params, rng, set(), draft_n=2)
+        return tuple(res.ids), res.stop_reason
+
+    got, want = enumerate_outcomes(run), target_law(target, prompt, 3, params, set())
+    for key in set(got) | set(want):
+        assert abs(got.get(key, 0.0) - want.get(key, 0.0)) < 1e-9, key
+
+
+def test_session_n_logits_is_a_prefix_of_the_logits(tiny):
+    ids = [1, 5, 23, 7, 2]                                    # ids above the cut still go in
+    full = tiny.session().eval(ids)
+    cut = tiny.session(n_logits=9).eval(ids)
+    assert cut.shape == (5, 9) and np.array_equal(cut, full[:, :9])
+    with pytest.raises(ConfigError):
+        tiny.session(n_logits=0)
+    want = tiny.generate("abcabcab", n_predict=12, ignore_eos=True)
+    got = tiny.generate("abcabcab", n_predict=12, ignore_eos=True, draft=tiny, draft_vocab=9,
+                        draft_policy="fixed", draft_n=4)
+    assert got.ids == want.ids and got.stats.n_drafted > 0

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.errors import SpecdecError
-from specdec.sampling import GREEDY, NumpyRandom, SamplerParams, probs, probs_rows, sample, softmax
+from specdec.sampling import (GREEDY, NumpyRandom, SamplerParams, probs, probs_rows, sample, softmax,
+                              top_prob)
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0)
 
@@ -179,3 +180,10 @@ def test_probs_rows_equals_probs_row_by_row(seed, m, v, temperature, ties):
 def test_probs_rows_rejects_nan():
     with pytest.raises(ValueError):
         probs_rows(np.array([[0.0, np.nan]], np.float32), SamplerParams(temperature=0.0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), v=st.integers(1, 300), scale=st.floats(0.01, 30.0))
+def test_top_prob_is_the_softmax_maximum(seed, v, scale):
+    x = (np.random.default_rng(seed).standard_normal(v) * scale).astype(np.float32)
+    assert top_prob(x) == pytest.approx(float(softmax(x).max()), rel=1e-6)
