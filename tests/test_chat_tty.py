@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import select
 import sys
 import time
@@ -27,7 +28,7 @@ def _model(tmp_path) -> tuple[str, list[str], list[str]]:
     from specdec import hub
     try:
         path = str(hub.resolve("smollm2-135m-instruct-q4_1", download=False))
-        return path, ["-n", "40"], ["Count from 1 to 100, one number per line.",
+        return path, ["-n", "160"], ["Count from 1 to 100, one number per line.",
                                     "What is the capital of France?", "And of Italy?"]
     except Exception:
         p = write_tiny_model(tmp_path / "tiny.gguf", TinySpec(n_vocab=52, chat_template=TEMPLATE, n_ctx=4096))
@@ -41,6 +42,9 @@ class Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:                                   # the child: the chat itself
             os.environ["COLUMNS"] = "200"
+            # a test run started in the background (`cmd &` in a script) inherits SIGINT
+            # ignored, and Python keeps an ignored SIGINT ignored: give the chat the default
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execv(sys.executable, [sys.executable, *argv])
         self.buf = b""
 
@@ -94,6 +98,18 @@ class Terminal:
         os.close(self.fd)
 
 
+def _interrupt(term: Terminal, at: int) -> int:
+    """Ctrl-C while an answer streams; again (only while it still streams) if the chat had
+    not reacted within a second.  -> the end of 'answer stopped'."""
+    for _ in range(30):
+        term.send(b"\x03")
+        try:
+            return term.expect(b"answer stopped", timeout=1.0, start=at).end()
+        except AssertionError:
+            assert b"tokens in" not in term.buf[at:], "the answer ended: Ctrl-C was not seen"
+    raise AssertionError("Ctrl-C did not stop the answer")
+
+
 def test_chat_two_turns_and_ctrl_c(tmp_path):
     model, flags, (long_q, q1, q2) = _model(tmp_path)
     term = Terminal(["-m", "specdec.cli", "chat", "-m", model, "-md", model, "--draft-n", "3", *flags])
@@ -102,8 +118,7 @@ def test_chat_two_turns_and_ctrl_c(tmp_path):
         at = term.expect(b"> ").end()
         term.send(long_q.encode() + b"\r")                  # a long answer ...
         term.expect(re.compile(rb"\r\n\S"), start=at + len(long_q))   # ... starts streaming
-        term.send(b"\x03")                                  # Ctrl-C stops it
-        at = term.expect(b"answer stopped").end()
+        at = _interrupt(term, at)                           # Ctrl-C stops it
         at = term.expect(b"> ", start=at).end()
         done = []
         for q in (q1, q2):                                  # two more turns, answered in full
