@@ -22,7 +22,7 @@ bsd[L] = bsum[L] · dx is stored with the activations (q8k.py), and scd, bias ar
 super-block, shared by all M rows, so each activation row costs four ``vpdpbusd``, one int
 -> float conversion, one multiply and two fused multiply-adds per super-block: the per-row
 work is what a verification batch of M rows adds to the one weight read.  scd and bias are
-exact (integers below 2^8 times an f16), the lanes of dot are exact int32 below 2^24
+exact (integers below 2^8 times an f16), the lanes of dot are exact int32 below 2^17
 (bounds in the decoders), so the conversion is exact; ggml_vec_dot_qX_K_q8_K computes the
 same sum with the two terms grouped differently (d·dx · Σ sc·dot − dmin·dx · Σ mn·bsum).
 The float operations per (n, m) are this fixed sequence,
@@ -178,7 +178,7 @@ def _k4_scales(builder, p, off: int):
 def _decode_q4_k(builder, p, f16c):
     """block_q4_K (144 B): d, dmin (f16), scales[12], qs[128] (dequantize_row_q4_K).
     Sub-block j = lanes 2j, 2j+1; its value l is nibble j%2 of qs[32(j//2) + l].
-    u ≤ 15, sc, mn ≤ 63: |sc·dot| ≤ 63·16·15·127 < 2^21."""
+    u ≤ 15, sc, mn ≤ 63: |dot| ≤ 16·15·127 < 2^15."""
     qs = _load(builder, p, 16, ir.VectorType(I32, 32))
     u = [_lanes(builder, qs, [8 * (L // 4) + 4 * (L % 2) + k for L in LANES],
                 [4 * ((L // 2) % 2) for L in LANES], 0x0F0F0F0F) for k in range(4)]
@@ -190,7 +190,7 @@ def _decode_q4_k(builder, p, f16c):
 
 def _decode_q5_k(builder, p, f16c):
     """block_q5_K (176 B): d, dmin, scales[12], qh[32], qs[128] (dequantize_row_q5_K).
-    As Q4_K plus 16 · bit j of qh[l].  u ≤ 31: |sc·dot| ≤ 63·16·31·127 < 2^22."""
+    As Q4_K plus 16 · bit j of qh[l].  u ≤ 31: |dot| ≤ 16·31·127 < 2^16."""
     qs = _load(builder, p, 48, ir.VectorType(I32, 32))
     qh = _load(builder, p, 16, ir.VectorType(I32, 8))
     u = []
@@ -214,7 +214,7 @@ def _hsl(L: int) -> tuple[int, int, int]:
 def _decode_q6_k(builder, p, f16c):
     """block_q6_K (210 B): ql[128], qh[64], scales[16] int8, d (dequantize_row_q6_K).
     Value 128h + 32s + l: nibble s//2 of ql[64h + 32(s%2) + l] | bits 2s of qh[32h + l] << 4,
-    q = u − 32.  |sc·(dot − 32·bsum)| ≤ 128·16·32·127 < 2^23."""
+    q = u − 32, u ≤ 63: |dot| ≤ 16·63·127 < 2^17."""
     ql = _load(builder, p, 0, ir.VectorType(I32, 32))
     qh = _load(builder, p, 128, V16I32)
     u = []
@@ -240,7 +240,7 @@ def _crumbs(builder, qs, k: int):
 def _decode_q3_k(builder, p, f16c):
     """block_q3_K (110 B): hmask[32], qs[64], scales[12] (6-bit, −32), d (dequantize_row_q3_K).
     q = low − 4 unless bit 4h+s of hmask[l] is set: u = low | hbit << 2 = q + 4.
-    |sc·(dot − 4·bsum)| ≤ 32·16·4·127 < 2^18."""
+    u ≤ 7: |dot| ≤ 16·7·127 < 2^14."""
     qs = _load(builder, p, 32, V16I32)
     hm = _load(builder, p, 0, ir.VectorType(I32, 8))
     u = []
@@ -265,7 +265,7 @@ def _decode_q3_k(builder, p, f16c):
 
 def _decode_q2_k(builder, p, f16c):
     """block_q2_K (84 B): scales[16] (scale | min << 4), qs[64], d, dmin (dequantize_row_q2_K).
-    u ≤ 3, sc, mn ≤ 15."""
+    u ≤ 3, sc, mn ≤ 15: |dot| ≤ 16·3·127 < 2^13."""
     qs = _load(builder, p, 16, V16I32)
     u = [_crumbs(builder, qs, k) for k in range(4)]
     sm = _load(builder, p, 0, ir.VectorType(I8, 16))

@@ -215,30 +215,23 @@ class PromptLookupDrafter:
             raise ConfigError(f"--lookup-ngram-min/max: need 1 <= min <= max, got {ngram_min}, {ngram_max}")
         self.n_vocab, self.ngram_min, self.ngram_max = int(n_vocab), int(ngram_min), int(ngram_max)
         self.index = NgramIndex(self.ngram_min, self.ngram_max)
-        self._memo: tuple[tuple[int, ...], tuple[int, int] | None] | None = None   # last match
 
     def reset(self) -> None:
         self.index.reset()
-        self._memo = None
 
     def key(self, context_ids: Sequence[int]) -> str:
         """'prompt-lookup/<n>': the length bucket of the n-gram the next draft copies after
         (longer matches copy longer runs), or 'prompt-lookup/none'."""
-        hit = self.match(context_ids)
+        return self.key_of(self.match(context_ids))
+
+    def key_of(self, hit: tuple[int, int] | None) -> str:
+        """The key of a `match` result."""
         if hit is None:
             return f"{self.source}/none"
         return f"{self.source}/" + next(name for lo, name in self.BUCKETS if hit[0] >= lo)
 
     def match(self, context_ids: Sequence[int]) -> tuple[int, int] | None:
         """(n, end): the n-gram matched and the exclusive end of its chosen occurrence."""
-        tail = (len(context_ids), *context_ids[-self.ngram_max - 1:])
-        if self._memo is not None and self._memo[0] == tail and self.index.ids == list(context_ids):
-            return self._memo[1]
-        hit = self._match(context_ids)
-        self._memo = (tail, hit)
-        return hit
-
-    def _match(self, context_ids: Sequence[int]) -> tuple[int, int] | None:
         L = len(context_ids)
         self.index.sync(context_ids, L - 1)          # occurrences that end before the suffix does
         ids = self.index.ids
@@ -286,7 +279,8 @@ class HybridDrafter:
 
     def key(self, context_ids: Sequence[int]) -> str:
         """The lookup's key when it matches, else the model's."""
-        return self.lookup.key(context_ids) if self.lookup.match(context_ids) else self.model.source
+        hit = self.lookup.match(context_ids)
+        return self.lookup.key_of(hit) if hit else self.model.source
 
     def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
         draft = self.lookup.propose(context_ids, n_max, rng)

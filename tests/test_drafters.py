@@ -411,7 +411,7 @@ def test_lookup_key_names_the_match_length():
     assert d.key(run + [9] + run[-2:]) == "prompt-lookup/1-2"
     long = list(range(20))
     assert d.key(long + [0, 0] + long) == "prompt-lookup/16+"
-    assert d.propose(long + [0, 0] + long, 3, None).tokens == (0, 0, 0)   # memo: same match
+    assert d.propose(long + [0, 0] + long, 3, None).tokens == (0, 0, 0)   # what follows the match
     assert d.key([5, 5, 5, 5, 5]) == "prompt-lookup/3-4"           # overlapping occurrence
 
 
