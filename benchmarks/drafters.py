@@ -128,11 +128,13 @@ def main() -> None:
                          "the target vs 93%% with all 151936, 23%% fewer draft bytes per token)")
     ap.add_argument("--ignore-eos", action="store_true")
     ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--no-mmap", action="store_true", help="read the model files into memory (specdec --no-mmap)")
     a = ap.parse_args()
     a.draft_vocab = a.draft_vocab or None
     if "plain" in a.configs:
         a.configs = ["plain"] + [c for c in a.configs if c != "plain"]
-    target, draft = specdec.load(QWEN_TARGET, n_ctx=1024), specdec.load(QWEN_DRAFT, n_ctx=1024)
+    target = specdec.load(QWEN_TARGET, n_ctx=1024, mmap=not a.no_mmap)
+    draft = specdec.load(QWEN_DRAFT, n_ctx=1024, mmap=not a.no_mmap)
     warm_s = warm_up(target, draft)
     print(f"warm-up (JIT compile or cache load, not timed below): {warm_s:.1f} s", flush=True)
     t0 = time.perf_counter()

@@ -149,16 +149,17 @@ def main(argv=None) -> None:
     ap.add_argument("--models", nargs="+", default=[QWEN_TARGET, QWEN_DRAFT])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--no-mmap", action="store_true", help="read the model files into memory (both engines)")
     a = ap.parse_args(argv)
     out = Path(a.out)
-    result = {"machine": machine_info(), "ms": list(MS), "models": []}
+    result = {"machine": machine_info(), "ms": list(MS), "mmap": not a.no_mmap, "models": []}
     for mid in a.models:
-        m = specdec.load(mid, n_ctx=512)
+        m = specdec.load(mid, n_ctx=512, mmap=not a.no_mmap)
         w = warm_up(m)
         forward_ms(m, max(MS), repeats=1)                  # compile every M path before timing
         r = {"model": mid, "warm_s": round(w, 2), "curve": curve(m, a.repeats),
              "profile": profile_decode(m)}
-        lc = llamacpp.forward_ms(m.path, MS, repeats=a.repeats)       # None without the binding
+        lc = llamacpp.forward_ms(m.path, MS, repeats=a.repeats, mmap=not a.no_mmap)   # None without it
         if lc is not None:
             r["llamacpp_curve"] = {"source": f"llama-cpp-python {llamacpp.version()}, logits for every row",
                                    "forward_ms": {str(k): round(v, 3) for k, v in lc.items()},

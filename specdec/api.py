@@ -41,12 +41,14 @@ class Completion:
 
 
 class Model:
-    """A loaded GGUF model: config, tokenizer and memory-mapped weights (nothing is copied)."""
+    """A loaded GGUF model: config, tokenizer and memory-mapped weights (nothing is copied;
+    with mmap=False the file is read once into memory, see gguf_file)."""
 
-    def __init__(self, path: str | os.PathLike, n_ctx: int | None = None, activations: str = "auto"):
+    def __init__(self, path: str | os.PathLike, n_ctx: int | None = None, activations: str = "auto",
+                 mmap: bool = True):
         self.path = str(path)
         self.name = os.path.basename(self.path)
-        self.gguf = GGUFFile(path)
+        self.gguf = GGUFFile(path, mmap=mmap)
         self.config = ModelConfig.from_gguf(self.gguf)
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata, self.path)
         self.weights = Weights.from_gguf(self.gguf, self.config, activations)
@@ -134,10 +136,12 @@ def _completion(model: Model, prompt_ids: list[int], res: GenerationResult) -> C
 
 
 def load(path_or_id: str | os.PathLike, n_ctx: int | None = None, download: bool = True,
-         progress: bool = True, activations: str = "auto") -> Model:
+         progress: bool = True, activations: str = "auto", mmap: bool = True) -> Model:
     """Load a GGUF file, or a known model id (fetched into the model cache on first use).
 
     activations: "q8" (round matmul inputs to 8 bits per block, as llama.cpp), "float" (keep
-    them in float32 in the layers), or "auto" (float for gemma3, q8 otherwise)."""
+    them in float32 in the layers), or "auto" (float for gemma3, q8 otherwise).
+    mmap: map the file (default; nothing is copied) or, False, read it once into process
+    memory (llama.cpp's --no-mmap: faster decoding where mapped page-cache reads are slow)."""
     return Model(hub.resolve(str(path_or_id), download=download, progress=progress), n_ctx=n_ctx,
-                 activations=activations)
+                 activations=activations, mmap=mmap)

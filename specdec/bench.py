@@ -100,14 +100,14 @@ def _warm(model) -> float:
 # ---- decode ----------------------------------------------------------------------------------
 
 def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: int = 3,
-                       llama: dict | None = None) -> dict:
+                       llama: dict | None = None, mmap: bool = True) -> dict:
     """One model's row.  llama: llama.cpp's {'pp_tok_s', 'tg_tok_s'} measured earlier in the
     run for the same file (an ':q8' row after its base); else measured here when
-    llama-cpp-python is installed, else MODELS.md's figures."""
+    llama-cpp-python is installed (with the same mmap setting), else MODELS.md's figures."""
     import specdec
     base_id, _, activations = model_id.partition(":")
     t = time.perf_counter()
-    m = specdec.load(base_id, n_ctx=n_pp + n_tg + 8, activations=activations or "auto")
+    m = specdec.load(base_id, n_ctx=n_pp + n_tg + 8, activations=activations or "auto", mmap=mmap)
     load_s = time.perf_counter() - t
     warm_s = _warm(m)
     rng = np.random.default_rng(0)
@@ -127,11 +127,11 @@ def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: i
     wb = weight_bytes_per_token(m)
     ref = LLAMACPP.get(base_id, {})
     source = "MODELS.md"
-    live = llama if llama is not None else llamacpp.decode(m.path, prompt, n_tg, repeats)
+    live = llama if llama is not None else llamacpp.decode(m.path, prompt, n_tg, repeats, mmap=mmap)
     if live is not None:                  # llama.cpp in this run, same file, same threads
         ref = {"pp64": live["pp_tok_s"], "tg64": live["tg_tok_s"]}
         source = f"measured in this run (llama-cpp-python {llamacpp.version()})"
-    return {"model": model_id, "load_s": round(load_s, 2), "compile_or_warm_s": round(warm_s, 2),
+    return {"model": model_id, "mmap": mmap, "load_s": round(load_s, 2), "compile_or_warm_s": round(warm_s, 2),
             "pp64_tok_s": round(pp_best, 2), "tg64_tok_s": round(tg_best, 2),
             "weight_bytes_per_token": wb, "tg_gb_s": round(wb * tg_best / 1e9, 2),
             "llamacpp_source": source if ref else None,
@@ -140,13 +140,14 @@ def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: i
             "pp_vs_llamacpp": round(pp_best / ref["pp64"], 3) if ref else None}
 
 
-def bench_decode(models: Sequence[str], out_dir: Path, repeats: int = 3, log: Log = print) -> dict:
+def bench_decode(models: Sequence[str], out_dir: Path, repeats: int = 3, log: Log = print,
+                 mmap: bool = True) -> dict:
     """decode.json (+ roofline fractions when out_dir holds bandwidth.json)."""
     bw = roofline(Path(out_dir))
     rows, live = [], {}
     for mid in models:
         base = mid.partition(":")[0]
-        r = bench_decode_model(mid, repeats=repeats, llama=live.get(base))
+        r = bench_decode_model(mid, repeats=repeats, llama=live.get(base), mmap=mmap)
         if r["llamacpp_source"] and r["llamacpp_source"].startswith("measured"):
             live[base] = {"pp_tok_s": r["llamacpp_pp64_tok_s"], "tg_tok_s": r["llamacpp_tg64_tok_s"]}
         if bw:
@@ -163,10 +164,10 @@ def bench_decode(models: Sequence[str], out_dir: Path, repeats: int = 3, log: Lo
 
 def bench_pair(target_id: str, draft_id: str, n_predict: int = 64,
                draft_ns: Sequence[int] = (2, 4, 6), repeats: int = 1,
-               prompts: Sequence[str] = PROMPTS, log: Log = print) -> dict:
+               prompts: Sequence[str] = PROMPTS, log: Log = print, mmap: bool = True) -> dict:
     """Plain vs speculative greedy generation, per prompt and draft length."""
     import specdec
-    target, draft = specdec.load(target_id), specdec.load(draft_id)
+    target, draft = specdec.load(target_id, mmap=mmap), specdec.load(draft_id, mmap=mmap)
     _warm(target)
     _warm(draft)
     runs = []
@@ -219,9 +220,10 @@ def _best(fn, repeats: int):
 
 def bench_speculative(pairs: Sequence[tuple[str, str]], out_dir: Path, n_predict: int = 64,
                       draft_ns: Sequence[int] = (2, 4, 6), repeats: int = 1,
-                      log: Log = print) -> dict:
-    result = {"machine": machine_info(), "prompts": list(PROMPTS),
-              "pairs": [bench_pair(t, d, n_predict, draft_ns, repeats, log=log) for t, d in pairs]}
+                      log: Log = print, mmap: bool = True) -> dict:
+    result = {"machine": machine_info(), "prompts": list(PROMPTS), "mmap": mmap,
+              "pairs": [bench_pair(t, d, n_predict, draft_ns, repeats, log=log, mmap=mmap)
+                        for t, d in pairs]}
     write_json(Path(out_dir) / "speedup.json", result)
     return result
 
@@ -278,7 +280,7 @@ def plot_speculative(result: dict, path: Path) -> Path:
 SCRIPTS = ("speculative", "drafters")
 
 
-def run_script(name: str, out_dir: Path, log: Log = print) -> None:
+def run_script(name: str, out_dir: Path, log: Log = print, mmap: bool = True) -> None:
     """benchmarks/NAME.py of a source checkout, with its own defaults, into out_dir."""
     import subprocess
     import sys
@@ -286,8 +288,9 @@ def run_script(name: str, out_dir: Path, log: Log = print) -> None:
     script = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
     if name not in SCRIPTS or not script.is_file():
         raise ConfigError(f"--scripts {name}: needs benchmarks/{name}.py of a source checkout")
-    log(f"running {script} --out {out_dir}")
-    r = subprocess.run([sys.executable, str(script), "--out", str(out_dir)], cwd=script.parent)
+    args = [str(script), "--out", str(out_dir)] + ([] if mmap else ["--no-mmap"])
+    log(f"running {' '.join(args)}")
+    r = subprocess.run([sys.executable, *args], cwd=script.parent)
     if r.returncode:
         raise ConfigError(f"benchmarks/{name}.py failed with exit code {r.returncode}")
 
@@ -298,7 +301,7 @@ def default_out_dir() -> Path:
 
 def run(out_dir: Path, models: Sequence[str] = (), pairs: Sequence[tuple[str, str]] = (),
         n_predict: int = 64, draft_ns: Sequence[int] = (2, 4, 6), repeats: int = 1,
-        scripts: Sequence[str] = (), log: Log = print) -> list[Path]:
+        scripts: Sequence[str] = (), log: Log = print, mmap: bool = True) -> list[Path]:
     """Everything `specdec bench` does; returns the files written."""
     from .report import pyplot
     pyplot()                                               # fail before hours of benchmarking
@@ -306,13 +309,13 @@ def run(out_dir: Path, models: Sequence[str] = (), pairs: Sequence[tuple[str, st
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     if models:
-        res = bench_decode(models, out_dir, repeats=repeats, log=log)
+        res = bench_decode(models, out_dir, repeats=repeats, log=log, mmap=mmap)
         written += [out_dir / "decode.json", plot_decode(res, out_dir / "decode.png")]
     if pairs:
-        res = bench_speculative(pairs, out_dir, n_predict, draft_ns, repeats, log=log)
+        res = bench_speculative(pairs, out_dir, n_predict, draft_ns, repeats, log=log, mmap=mmap)
         written += [out_dir / "speedup.json", plot_speculative(res, out_dir / "speedup.png")]
     for name in scripts:
         before = set(out_dir.iterdir())
-        run_script(name, out_dir, log)
+        run_script(name, out_dir, log, mmap=mmap)
         written += sorted(set(out_dir.iterdir()) - before)
     return written

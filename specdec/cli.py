@@ -83,6 +83,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--activations", default="auto", choices=("auto", "q8", "float"),
                    help="matmul inputs: q8 rounds them to 8 bits per block like llama.cpp (faster), "
                         "float keeps them exact; auto: float for gemma3, q8 otherwise")
+    g.add_argument("--no-mmap", action="store_true",
+                   help="read the model files into memory instead of mapping them (faster decoding "
+                        "where mapped page-cache reads are slow; costs a copy and load time)")
     g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None, metavar="N",
                    help="accepted for llama-cli compatibility; specdec runs on the CPU")
     g = p.add_argument_group("prompt")
@@ -157,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-decode", action="store_true", help="skip the decode benchmark")
     p.add_argument("--no-speculative", action="store_true", help="skip the speculative benchmark")
     p.add_argument("-t", "--threads", type=int, default=0, help="Numba threads (default: all cores)")
+    p.add_argument("--no-mmap", action="store_true",
+                   help="read the model files into memory instead of mapping them (llama.cpp too)")
     p.add_argument("--scripts", nargs="+", default=(), choices=("speculative", "drafters"),
                    help="also run these benchmarks/*.py of a source checkout (their own defaults; long)")
     p = sub.add_parser("info", help="describe a GGUF model")
@@ -188,11 +193,11 @@ def _check_run_args(a) -> None:
         raise ConfigError("--ctx-size and --threads must be >= 0")
 
 
-def _load(name: str, n_ctx: int, activations: str = "auto"):
+def _load(name: str, n_ctx: int, activations: str = "auto", mmap: bool = True):
     from .api import load
     t0 = time.perf_counter()
     _progress(f"specdec: loading {name} ...")
-    m = load(name, n_ctx=n_ctx or None, activations=activations)
+    m = load(name, n_ctx=n_ctx or None, activations=activations, mmap=mmap)
     _progress(f"specdec: loaded {m.name} ({m.config.arch}, {m.config.n_layer} layers) in "
               f"{time.perf_counter() - t0:.1f} s; compiling kernels on first run (cached afterwards) ...")
     t0 = time.perf_counter()
@@ -221,8 +226,8 @@ def cmd_run(a) -> int:
             raise ConfigError(f"--file {a.file}: {e.strerror}") from None
     else:
         prompt = a.prompt if a.prompt is not None else ""
-    target = _load(a.model, a.ctx_size, a.activations)
-    draft = _load(a.draft_model, a.ctx_size, a.activations) if a.draft_model else None
+    target = _load(a.model, a.ctx_size, a.activations, not a.no_mmap)
+    draft = _load(a.draft_model, a.ctx_size, a.activations, not a.no_mmap) if a.draft_model else None
     spec = a.draft or ("model" if draft is not None else None)     # who drafts; None: plain
     if a.conversation:
         return _chat(a, target, draft, spec, first=prompt or None)
@@ -335,7 +340,7 @@ def cmd_bench(a) -> int:
     out_dir = a.out or bench.default_out_dir()
     _progress(f"specdec: benchmark results go to {out_dir}/")
     for path in bench.run(out_dir, models, pairs, n_predict=a.n_predict, draft_ns=a.draft_n,
-                          repeats=a.repeats, scripts=a.scripts, log=_progress):
+                          repeats=a.repeats, scripts=a.scripts, log=_progress, mmap=not a.no_mmap):
         print(path)
     return 0
 

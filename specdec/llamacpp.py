@@ -35,10 +35,10 @@ def version() -> str | None:
     return str(llama_cpp.__version__)
 
 
-def _load(path: str, n_ctx: int, logits_all: bool):
+def _load(path: str, n_ctx: int, logits_all: bool, mmap: bool = True):
     from llama_cpp import Llama
     return Llama(path, n_ctx=n_ctx, n_threads=os.cpu_count() or 1, n_threads_batch=os.cpu_count() or 1,
-                 n_batch=512, logits_all=logits_all, verbose=False)
+                 n_batch=512, logits_all=logits_all, use_mmap=mmap, verbose=False)
 
 
 def _rewind(llm, n: int) -> None:
@@ -47,11 +47,13 @@ def _rewind(llm, n: int) -> None:
     llm.n_tokens = n
 
 
-def decode(path: str, prompt: Sequence[int], n_tg: int, repeats: int = 3) -> dict | None:
-    """{'pp_tok_s', 'tg_tok_s'} for llama.cpp on the file at path, or None without it."""
+def decode(path: str, prompt: Sequence[int], n_tg: int, repeats: int = 3,
+           mmap: bool = True) -> dict | None:
+    """{'pp_tok_s', 'tg_tok_s'} for llama.cpp on the file at path, or None without it
+    (mmap=False: llama.cpp's --no-mmap, as specdec's)."""
     if not available():
         return None
-    llm = _load(path, len(prompt) + n_tg + 8, logits_all=False)
+    llm = _load(path, len(prompt) + n_tg + 8, logits_all=False, mmap=mmap)
     llm.eval(list(prompt[:8]))                                    # warm-up
     pp, tg = 0.0, 0.0
     for _ in range(repeats):
@@ -68,11 +70,12 @@ def decode(path: str, prompt: Sequence[int], n_tg: int, repeats: int = 3) -> dic
     return {"pp_tok_s": round(pp, 2), "tg_tok_s": round(tg, 2)}
 
 
-def forward_ms(path: str, ms: Sequence[int], n_past: int = 128, repeats: int = 5) -> dict | None:
+def forward_ms(path: str, ms: Sequence[int], n_past: int = 128, repeats: int = 5,
+               mmap: bool = True) -> dict | None:
     """{M: median ms} of one eval over M tokens after n_past cached ones, all rows' logits."""
     if not available():
         return None
-    llm = _load(path, n_past + max(ms) + 8, logits_all=True)
+    llm = _load(path, n_past + max(ms) + 8, logits_all=True, mmap=mmap)
     llm.eval([(17 * i) % 1000 + 100 for i in range(n_past)])
     out = {}
     for m in ms:

@@ -172,3 +172,11 @@ def test_plots_without_matplotlib_are_one_line(tmp_path):
             f"sys.exit(main(['bench', '--no-speculative', '-m', 'x', '-o', {str(tmp_path)!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     one_line_error(r, "matplotlib", "specdec[bench]")
+
+
+def test_no_mmap_gives_the_same_text(tiny):
+    args = ("run", "-m", tiny["target"], "-md", tiny["draft"], "-p", "hello", "-n", 12, "--ignore-eos",
+            "--no-display-prompt", "-t", 1)
+    a, b = cli(*args), cli(*args, "--no-mmap")
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
+    assert a.stdout == b.stdout and a.stdout.strip()

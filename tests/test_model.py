@@ -106,3 +106,19 @@ def test_config_from_metadata(tiny_model):
     assert tiny_model(SPECS[0]).config.rope_type == ROPE_NORM
     g = tiny_model(SPECS[5]).config
     assert g.sliding_window == 3 and [g.is_local_layer(i) for i in range(6)] == [True] * 5 + [False]
+
+
+def test_no_mmap_reads_one_copy_with_the_same_logits(tiny_model):
+    """mmap=False (--no-mmap): the file is read once into memory, read-only, and the logits
+    are bitwise those of the mapped file."""
+    import specdec
+    m = tiny_model(SPECS[1])
+    c = specdec.load(m.path, n_ctx=m.n_ctx, mmap=False)
+    wq = c.weights.layers[0].wq.w
+    base = wq
+    while base.base is not None:
+        base = base.base
+    assert not isinstance(base, np.memmap) and base.size == c.gguf.file_size
+    assert not wq.flags.writeable
+    ids = [1, 2, 3, 4, 5]
+    assert c.session(16).eval(ids).tobytes() == m.session(16).eval(ids).tobytes()
