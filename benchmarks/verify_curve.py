@@ -34,7 +34,7 @@ from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, machine_info, warm_up, w
 MS = (1, 2, 4, 6, 8, 12, 17)
 CATEGORY = {"matmul": "matmuls", "matmul_q8k": "matmuls", "attention": "attention",
             "rms_norm": "norms/rope/act", "rms_norm_heads": "norms/rope/act",
-            "rope": "norms/rope/act", "swiglu": "norms/rope/act", "geglu": "norms/rope/act",
+            "rope_apply": "norms/rope/act", "rope_cos_sin": "norms/rope/act", "swiglu": "norms/rope/act", "geglu": "norms/rope/act",
             "get_rows": "embedding", "store": "kv store"}
 
 
@@ -75,7 +75,7 @@ def profile_decode(model, n_steps: int = 48) -> dict:
         return wrapper
 
     patched = []
-    for obj, names in ((model_mod, ("attention", "rms_norm", "rms_norm_heads", "rope", "swiglu", "geglu")),
+    for obj, names in ((model_mod, ("attention", "rms_norm", "rms_norm_heads", "rope_apply", "rope_cos_sin", "swiglu", "geglu")),
                        (model_mod.kernels, ("matmul", "get_rows"))):
         for n in names:
             if hasattr(obj, n):

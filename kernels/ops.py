@@ -40,20 +40,34 @@ def rms_norm_heads(x, w, eps):
 
 
 @njit(cache=True, nogil=True)
-def rope(x, positions, n_rot, base, neox):
-    """In-place rotary embedding.   x: (M, H, Dh); positions: (M,) int64.
-
-    theta_i = pos * base^(-2i / n_rot) for i < n_rot/2, as in ggml_rope (rope_yarn without
-    scaling).  neox=False rotates pairs (x[2i], x[2i+1]) (LLAMA_ROPE_TYPE_NORM);
-    neox=True rotates (x[i], x[i + n_rot/2]) (LLAMA_ROPE_TYPE_NEOX)."""
-    M, H, Dh = x.shape
+def rope_cos_sin(positions, n_rot, base):
+    """(M, n_rot/2, 2) float32 cos and sin of theta_i = pos * base^(-2i / n_rot), i < n_rot/2,
+    as in ggml_rope (rope_yarn without scaling): computed once per forward and base, shared by
+    the q and k of every layer.   positions: (M,) int64."""
+    M = positions.shape[0]
     half = n_rot // 2
+    cs = np.empty((M, half, 2), dtype=np.float32)
     for m in range(M):
         pos = np.float64(positions[m])
         for i in range(half):
             theta = pos * base ** (-2.0 * i / n_rot)
-            c = np.float32(math.cos(theta))
-            s = np.float32(math.sin(theta))
+            cs[m, i, 0] = np.float32(math.cos(theta))
+            cs[m, i, 1] = np.float32(math.sin(theta))
+    return cs
+
+
+@njit(cache=True, nogil=True)
+def rope_apply(x, cs, neox):
+    """In-place rotary embedding.   x: (M, H, Dh); cs: rope_cos_sin(positions, n_rot, base).
+
+    neox=False rotates pairs (x[2i], x[2i+1]) (LLAMA_ROPE_TYPE_NORM);
+    neox=True rotates (x[i], x[i + n_rot/2]) (LLAMA_ROPE_TYPE_NEOX)."""
+    M, H, Dh = x.shape
+    half = cs.shape[1]
+    for m in range(M):
+        for i in range(half):
+            c = cs[m, i, 0]
+            s = cs[m, i, 1]
             for h in range(H):
                 if neox:
                     a, b = i, i + half
@@ -63,6 +77,11 @@ def rope(x, positions, n_rot, base, neox):
                 x1 = x[m, h, b]
                 x[m, h, a] = x0 * c - x1 * s
                 x[m, h, b] = x0 * s + x1 * c
+
+
+def rope(x, positions, n_rot, base, neox) -> None:
+    """In-place rotary embedding of x (M, H, Dh) at positions (M,): rope_apply(rope_cos_sin)."""
+    rope_apply(x, rope_cos_sin(positions, n_rot, base), neox)
 
 
 # exp(x) for float32 in vectorizable arithmetic (the library expf is a call per element, which

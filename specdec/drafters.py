@@ -12,6 +12,9 @@ its state from it; the hooks let it keep that cheap.  Optionally `key(context_id
 names the kind of draft the next `propose` on that context will make (a function of the
 context alone), so that a draft-length policy can keep statistics per kind and pick the
 length before drafting (policies.AdaptiveLength); prompt lookup's keys are its match lengths.
+Optionally `prefill(context_ids)` does a drafter's share of the prompt phase (the model
+drafter evaluates the prompt there, timed with the target's prefill as llama.cpp's
+speculative example times its encode phase, not as drafting).
 
 Drafters here: ModelDrafter (a small model), PromptLookupDrafter (copies what followed an
 earlier occurrence of the context's last n-gram; q is one-hot), HybridDrafter (lookup when it
@@ -119,6 +122,15 @@ class ModelDrafter:
         self._last = (len(ctx), tuple(tokens))
         q_mat = np.stack(qs) if qs else np.zeros((0, self.n_vocab))   # (n, V)
         return Draft(tuple(tokens), q_mat, self.source)
+
+    def prefill(self, context_ids: Sequence[int]) -> None:
+        """Evaluate the context but its last id, in the prompt phase (as the target does), so
+        that the first `propose` only feeds that id."""
+        ctx = list(context_ids)
+        keep = _common_prefix(self._cached, ctx, len(ctx) - 1)
+        self._truncate(keep)
+        if len(ctx) - 1 > keep:
+            self._eval(ctx[keep:-1])
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         """Roll the cache back to the accepted part of the last proposal."""
@@ -289,6 +301,9 @@ class HybridDrafter:
             draft = self.model.propose(context_ids, n_max, rng)
             self._by = self.model
         return draft
+
+    def prefill(self, context_ids: Sequence[int]) -> None:
+        self.model.prefill(context_ids)
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         if self._by is not None:

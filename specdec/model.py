@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType
 
 import kernels
 from kernels.attention import attention
-from kernels.ops import geglu, rms_norm, rms_norm_heads, rope, swiglu
+from kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_sin, swiglu
 
 from .config import ROPE_NEOX, ModelConfig
 from .errors import ConfigError, GGUFError, UnsupportedModelError
@@ -143,6 +143,7 @@ def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, st
         x *= np.float32(cfg.embed_scale)
     h = np.empty_like(x)                                                         # (M, D)
     att = np.empty((M, H, Dh), dtype=np.float32)                                 # (M, H, Dh)
+    rope_cs: dict[float, np.ndarray] = {}                                        # base -> cos, sin
     for il, L in enumerate(w.layers):
         rms_norm(x, L.attn_norm, cfg.norm_eps, h)
         q = L.wq(h).reshape(M, H, Dh)                                            # (M, H, Dh)
@@ -153,8 +154,10 @@ def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, st
             rms_norm_heads(k, L.k_norm, cfg.norm_eps)
         local = cfg.is_local_layer(il)
         base = cfg.rope_base_local if local else cfg.rope_base
-        rope(q, pos, cfg.rope_dim, base, neox)
-        rope(k, pos, cfg.rope_dim, base, neox)
+        if base not in rope_cs:
+            rope_cs[base] = rope_cos_sin(pos, cfg.rope_dim, base)               # (M, rope_dim/2, 2)
+        rope_apply(q, rope_cs[base], neox)
+        rope_apply(k, rope_cs[base], neox)
         cache.store(il, start_pos, k, v)
         if gemma:                    # llama.cpp scales Q, then attends with kq_scale 1
             q *= np.float32(cfg.attn_scale)

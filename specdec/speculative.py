@@ -12,7 +12,8 @@ without its last token for the same reason.
 
 Per step at most n_predict - generated tokens are emitted (the draft is capped at one less),
 and nothing after an end-of-generation token.  Timings: prompt_s covers the prefill of all
-prompt tokens but the last; decode_s everything after it (drafting included).
+prompt tokens but the last, the target's and the drafter's (`drafter.prefill`, optional);
+decode_s everything after it (drafting included).
 
 How many tokens to draft is the policy's choice (specdec.policies): told the drafter's key
 for the step when both have one (`drafter.key(ctx)`, `policy.prepare(key)`), asked before
@@ -105,6 +106,8 @@ def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence
     t0 = clock()
     if len(ctx) - 1 > keep and n_predict > 0:
         target.eval(ctx[keep:-1], last_only=True)         # the last prompt id opens step 0
+    if hasattr(drafter, "prefill"):
+        drafter.prefill(ctx)                              # the drafter's prompt phase
     t1 = clock()
     while len(ids) < n_predict and stop == "n_predict":
         room = target.n_ctx - target.n_past - 1           # rows the eval may add after ctx[-1]

@@ -240,6 +240,34 @@ def test_hybrid_keeps_the_draft_cache_a_prefix_and_reports_per_drafter(factory):
     assert draft.n_rows <= len(prompt) + len(res.ids) + s.n_drafted
 
 
+@factories
+def test_the_draft_model_reads_the_prompt_in_the_prompt_phase(factory):
+    """prefill: all prompt ids but the last go through the draft before the clock of the
+    decode phase starts; the first proposal then feeds one id (not the whole prompt)."""
+    target, draft = factory(6, 11, "good")
+    prompt = [1, 2, 3, 4, 5, 0, 2]
+    sizes: list[int] = []
+    orig = draft.eval
+    draft.eval = lambda toks, last_only=False: (sizes.append(len(toks)), orig(toks, last_only))[1]
+    ticks: list[tuple[str, int]] = []
+    clock = iter(range(10**6))
+
+    def tick():
+        ticks.append(("clock", len(sizes)))
+        return float(next(clock))
+
+    for drafter in (ModelDrafter(draft, GREEDY),
+                    HybridDrafter(PromptLookupDrafter(6, ngram_max=2), ModelDrafter(draft, GREEDY))):
+        sizes.clear()
+        ticks.clear()
+        plain = generate_plain(target, prompt, 10, GREEDY, NumpyRandom(0), set())
+        res = generate_speculative(target, drafter, prompt, 10, GREEDY, NumpyRandom(0), set(),
+                                   policy=FixedLength(3), clock=tick)
+        assert res.ids == plain.ids
+        assert sizes[:2] == [len(prompt) - 1, 1]
+        assert ticks[1] == ("clock", 1)                   # t1, the decode clock: after the prefill
+
+
 def test_predicted_acceptance_matches_measured_for_prompt_lookup():
     """q one-hot: the predicted acceptance 1 - TV(p, q) of a copied token is p(x)."""
     params = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
