@@ -7,7 +7,10 @@ configuration runs on the same prompts in the same process, prompt by prompt, pl
 speedups are against plain decoding measured alongside.  Before any timing, every kernel path
 (batched prefill, one-row decode, few-row verify) of both models is compiled or loaded from the
 Numba cache (`warm_up`), and the JSON records how long that took.  tok/s counts generated
-tokens over decode time (prefill excluded, drafting included).  p is the target's
+tokens over decode time (prefill excluded, drafting included; the draft model reads the prompt
+in the prefill, as the target does).  Every answer runs to its end of generation
+(--n-predict 1024 is a cap none reaches): an edit's answer often opens with prose and repeats
+the code after it, so cutting answers short would measure mostly the prose.  p is the target's
 distribution, q the draft's; predicted acceptance is the mean of 1 - TV(p, q) over verified
 positions (Leviathan et al. 2023, Def. 3.1), measured is accepted / verified.
 
@@ -15,12 +18,12 @@ Configurations (draft_n = --draft-n unless said; the draft model computes logits
 --draft-vocab only):
   plain          the target alone
   model          draft model, threshold policy (up to draft_n, stop below --draft-p)
-  prompt-lookup  n-grams of 2..4 tokens (--lookup-ngram-min/max), fixed length draft_n
+  prompt-lookup  n-grams of 2..16 tokens (--lookup-ngram-min/max), fixed length draft_n
   lookup-adaptive prompt lookup, draft length 1..16 chosen online (specdec.policies)
   hybrid         lookup when it matches, else the draft model (threshold policy)
   adaptive       hybrid drafter, draft length 1..16 chosen online
 
-    python benchmarks/drafters.py --out bench-results                       # the real run
+    python benchmarks/drafters.py --no-mmap --out bench-results             # the real run
     python benchmarks/drafters.py --prompts 1 --n-predict 16 --sets fresh_code --out /tmp/x  # smoke
 """
 from __future__ import annotations
@@ -116,7 +119,7 @@ def main() -> None:
     ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     ap.add_argument("--prompts", type=int, default=6, help="prompts per set (default: all 6)")
-    ap.add_argument("--n-predict", type=int, default=256)
+    ap.add_argument("--n-predict", type=int, default=1024, help="cap on each answer (default: 1024)")
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--draft-n", type=int, default=8)
     ap.add_argument("--draft-p", type=float, default=0.9)
@@ -133,8 +136,8 @@ def main() -> None:
     a.draft_vocab = a.draft_vocab or None
     if "plain" in a.configs:
         a.configs = ["plain"] + [c for c in a.configs if c != "plain"]
-    target = specdec.load(QWEN_TARGET, n_ctx=1024, mmap=not a.no_mmap)
-    draft = specdec.load(QWEN_DRAFT, n_ctx=1024, mmap=not a.no_mmap)
+    target = specdec.load(QWEN_TARGET, n_ctx=2048, mmap=not a.no_mmap)
+    draft = specdec.load(QWEN_DRAFT, n_ctx=2048, mmap=not a.no_mmap)
     warm_s = warm_up(target, draft)
     print(f"warm-up (JIT compile or cache load, not timed below): {warm_s:.1f} s", flush=True)
     t0 = time.perf_counter()

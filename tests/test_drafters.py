@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakes import PAIR_FACTORIES, RELATIONS, enumerate_outcomes
-from specdec.drafters import (HybridDrafter, ModelDrafter, NgramIndex, PromptLookupDrafter,
+from specdec.drafters import (HybridDrafter, Match, ModelDrafter, NgramIndex, PromptLookupDrafter,
                               make_drafter)
 from specdec.errors import ConfigError, SpecdecError
 from specdec.generate import generate_plain
@@ -26,7 +26,7 @@ from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
 from specdec.speculative import generate_speculative
 from test_speculative import ListTrace, factories, sampling_params, target_law
 
-KINDS = ("lookup", "hybrid", "adaptive-model", "adaptive-lookup", "adaptive-hybrid")
+KINDS = ("lookup", "hybrid", "adaptive-model", "adaptive-lookup", "adaptive-hybrid", "adaptive-resume")
 
 
 def work_clock(target, draft=None, c: float = 0.3, growth: float = 0.1):
@@ -37,11 +37,13 @@ def work_clock(target, draft=None, c: float = 0.3, growth: float = 0.1):
 
 def build(kind: str, target, draft, params, draft_n: int, draft_p: float = 0.0, ngram_max=2):
     """(drafter, policy) for one of KINDS."""
-    lookup = PromptLookupDrafter(target.n_vocab, ngram_max=ngram_max, ngram_min=1)
+    resume = kind == "adaptive-resume"                 # resume needs ngram_max >= 4
+    lookup = PromptLookupDrafter(target.n_vocab, ngram_max=5 if resume else ngram_max, ngram_min=1,
+                                 resume=resume)
     model = ModelDrafter(draft, params, draft_p)
     drafter = {"lookup": lookup, "hybrid": HybridDrafter(lookup, model),
                "adaptive-model": model, "adaptive-lookup": lookup,
-               "adaptive-hybrid": HybridDrafter(lookup, model)}[kind]
+               "adaptive-hybrid": HybridDrafter(lookup, model), "adaptive-resume": lookup}[kind]
     if kind.startswith("adaptive"):
         policy = AdaptiveLength(n_max=draft_n, n_init=min(2, draft_n), alpha_decay=0.3)
     else:
@@ -70,10 +72,10 @@ def test_lookup_longest_ngram_then_most_recent_occurrence():
     rng = NumpyRandom(0)
     #        (2,3) ends at 3 and 7; the suffix (1,2,3) has no earlier occurrence
     ctx = [5, 2, 3, 4, 6, 2, 3, 7, 1, 2, 3]
-    assert d.match(ctx) == (2, 7)
+    assert d.match(ctx) == Match(2, 7)
     assert d.propose(ctx, 3, rng).tokens == (7, 1, 2)
     ctx = [1, 2, 3, 4, 9, 2, 3, 7, 1, 2, 3]           # now (1,2,3) occurs: longer beats more recent
-    assert d.match(ctx) == (3, 3)
+    assert d.match(ctx) == Match(3, 3)
     assert d.propose(ctx, 2, rng).tokens == (4, 9)
 
 
@@ -114,6 +116,62 @@ def test_lookup_incremental_index_equals_brute_force(ops, ngram_max, extra, n_ma
             ctx = ctx[: len(ctx) // 2] + toks
         got = d.propose(ctx, n_max, NumpyRandom(0)).tokens
         assert list(got) == lookup_reference(ctx, n_max, ngram_min, ngram_max), ctx
+
+
+def resume_reference(ctx, n_max, ngram_min, ngram_max, anchor=4, edit_max=4):
+    """Brute force of prompt lookup with resume: the suffix rule, unless a copy resumed after
+    the last e <= edit_max tokens anchors on a longer n-gram (>= anchor)."""
+    L = len(ctx)
+
+    def latest(gram, limit):                           # latest end <= limit of an earlier gram
+        ends = [e for e in range(len(gram), limit + 1) if ctx[e - len(gram): e] == gram]
+        return ends[-1] if ends else None
+
+    hit = next(((n, e) for n in range(min(ngram_max, L - 1), ngram_min - 1, -1)
+                if (e := latest(ctx[L - n:], L - 1)) is not None), None)
+    if hit is None or hit[0] < ngram_max:
+        for e in range(1, min(edit_max, L - anchor - 1) + 1):
+            cut = L - e
+            r = next(((n, j + 1) for n in range(min(ngram_max, cut - 1), anchor - 1, -1)
+                      if (j := latest(ctx[cut - n: cut], cut - 1)) is not None), None)
+            if r is not None:
+                if r[1] < L and (hit is None or r[0] > hit[0]):
+                    hit = r
+                break
+    if hit is None:
+        return []
+    ext = list(ctx)
+    for k in range(n_max):
+        ext.append(ext[hit[1] + k])
+    return ext[L:]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["extend", "extend", "extend", "edit", "shrink"]),
+                          st.lists(st.integers(0, 2), min_size=1, max_size=5)), min_size=1, max_size=14),
+       st.integers(4, 6), st.integers(1, 4), st.integers(0, 6))
+def test_lookup_with_resume_equals_brute_force(ops, ngram_max, ngram_min, n_max):
+    d = PromptLookupDrafter(3, ngram_max=ngram_max, ngram_min=min(ngram_min, ngram_max), resume=True)
+    assert d.resume
+    ctx: list[int] = []
+    for op, toks in ops:
+        ctx = (ctx + toks if op == "extend" else ctx[:-1] + toks if op == "edit" and ctx
+               else ctx[: len(ctx) // 2] + toks)
+        got = d.propose(ctx, n_max, NumpyRandom(0)).tokens
+        assert list(got) == resume_reference(ctx, n_max, d.ngram_min, ngram_max), ctx
+
+
+def test_lookup_resumes_a_copy_after_a_renamed_token():
+    """`a b c d OLD e f g h` re-typed with OLD -> NEW1 NEW2: after the new tokens the suffix
+    rule has nothing, the resumed copy continues with `e f g h`."""
+    src = [10, 11, 12, 13, 20, 14, 15, 16, 17, 18]
+    d = PromptLookupDrafter(40, ngram_max=16, ngram_min=2, resume=True)
+    ctx = src + [1] + [10, 11, 12, 13, 30, 31]
+    hit = d.match(ctx)
+    assert hit == Match(4, 5, True) and d.key(ctx) == "prompt-lookup/resume"
+    assert d.propose(ctx, 4, NumpyRandom(0)).tokens == (14, 15, 16, 17)
+    assert not PromptLookupDrafter(40, ngram_max=16, ngram_min=2).propose(
+        ctx, 4, NumpyRandom(0)).tokens
 
 
 def test_ngram_index_is_incremental():
@@ -184,7 +242,7 @@ def test_exact_output_law_every_drafter_and_policy(factory, seed, n_vocab, data,
         assert abs(got.get(key, 0.0) - want.get(key, 0.0)) < 1e-9, key
 
 
-@pytest.mark.parametrize("kind", ["lookup", "adaptive-hybrid"])
+@pytest.mark.parametrize("kind", ["lookup", "adaptive-hybrid", "adaptive-resume"])
 def test_exact_output_law_longer(kind):
     """Deeper: 5 tokens from a repetitive prompt, so lookup drafts multi-token copies."""
     params = SamplerParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0)
