@@ -82,7 +82,21 @@ def drafters_lines(dr: dict) -> list[str]:
         summ = r["summary"]
         out.append(f"| {s} | " + " | ".join(
             f"{summ[c]['tok_s']:.1f} tok/s ({summ[c]['speedup']:.2f}x)" for c in configs) + " |")
+    out += ["", "Per prompt, speedup over plain (same run):", "",
+            "| prompt | tokens | " + " | ".join(configs[1:]) + " |",
+            "| --- | ---: | " + " | ".join("---:" for _ in configs[1:]) + " |"]
+    for s, r in dr["results"].items():
+        runs = r["runs"]
+        for i, pid in enumerate(r["prompts"]):
+            base = runs["plain"][i]["decode_s"]
+            out.append(f"| {s}/{pid} | {runs['plain'][i]['n_tokens']} | " + " | ".join(
+                f"{base / runs[c][i]['decode_s']:.2f}" for c in configs[1:]) + " |")
     return out
+
+
+def _when(d: dict, date: str) -> str:
+    """' (run of DATE)' when a result file comes from another run than the header's."""
+    return "" if d["machine"]["date"] == date else f" (run of {d['machine']['date']})"
 
 
 def build(results: Path) -> str:
@@ -98,10 +112,15 @@ def build(results: Path) -> str:
     llama = (f"llama.cpp's figures were measured in the same run on the same files and threads "
              f"({live.split('(')[-1].rstrip(')')}, built without AMX)" if live else
              "llama.cpp's figures are llama-bench on the same machine kind (`-t 2 -p 64 -n 64`)")
+    mapped = all(r.get("mmap", True) for r in (dec or {}).get("results", []))
     lines = [f"Measured {m['date']} on {m['cpu']}, {m['cores']} cores, Numba {m['numba']}, "
              f"with the commands of [docs/reproduce.md](docs/reproduce.md); {llama}. The machine is "
              "shared: absolute figures move by up to 2x with the neighbours' load, ratios measured "
-             "side by side far less."]
+             "side by side far less."
+             + ("" if mapped else " Both engines read the weights into memory (`--no-mmap`): on this "
+                "VM, reading mapped page-cache pages runs at about 15 GB/s against 26 GB/s for "
+                "process memory.")]
+    date = m["date"]
     if bw:
         lines += ["", f"Memory read bandwidth: {bw['single_thread_gbs']:.1f} GB/s on one thread, "
                       f"{bw['all_threads_gbs']:.1f} GB/s on {bw['threads']} (`benchmarks/bandwidth.py`)."]
@@ -110,21 +129,23 @@ def build(results: Path) -> str:
                       "`:q8` = `activations=\"q8\"`):", ""] + decode_table(dec, bw)
     if vc:
         lines += ["", "**What verification costs**: one target forward over M tokens, relative to "
-                      "M = 1 (`benchmarks/verify_curve.py`):", ""] + verify_lines(vc)
+                      f"M = 1 (`benchmarks/verify_curve.py`){_when(vc, date)}:", ""] + verify_lines(vc)
     if sp:
         n = len(sp["prompts"])
         lines += ["", f"**Speculative decoding**, {sp['target']} with {sp['draft']}, "
                       f"{sp['settings']['n_predict']} tokens, {n} code-writing chat prompt{'s' * (n > 1)}, "
-                      "best of the draft-n × draft-p sweep (`benchmarks/speculative.py`):", ""] \
+                      f"best of the draft-n × draft-p sweep (`benchmarks/speculative.py`){_when(sp, date)}:",
+                  ""] \
             + speculative_lines(sp)
     if dr:
         dv = dr["settings"].get("draft_vocab")
         lines += ["", f"**Drafters**, greedy, draft-n {dr['settings']['draft_n']}, "
                       + (f"draft model with `--draft-vocab {dv}`, " if dv else "") +
-                      f"{dr['settings']['prompts']} prompts per set, tok/s (speedup over plain, same run; "
-                      "`benchmarks/drafters.py`):", ""] + drafters_lines(dr)
+                      f"{dr['settings']['prompts']} prompts per set, every answer to its end "
+                      f"(cap {dr['settings']['n_predict']} tokens), tok/s (speedup over plain, same run; "
+                      f"`benchmarks/drafters.py`){_when(dr, date)}:", ""] + drafters_lines(dr)
     if mem:
-        lines += ["", f"**Memory**: both Qwen models with a {mem['ctx_size']}-token context peak at "
+        lines += ["", f"**Memory**{_when(mem, date)}: both Qwen models with a {mem['ctx_size']}-token context peak at "
                       f"{mem['peak_rss_bytes'] / 2**20:.0f} MiB resident, "
                       f"{mem['ratio_to_files_plus_kv']:.2f}x the GGUF files plus KV caches "
                       "(the weights are memory-mapped, never copied)."]
