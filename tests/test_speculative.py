@@ -446,7 +446,9 @@ def test_draft_catch_up_is_one_batched_eval():
     params = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     res = generate_speculative(target, ModelDrafter(draft, params), [1, 2, 3, 4, 5], 60, params,
                                NumpyRandom(1), set(), 4)
-    assert sizes[0] == 5 and max(sizes[1:]) == 2 and res.stats.n_steps > 5
+    # the prompt but its last id in the prompt phase (prefill), that id at the first proposal,
+    # then each catch-up (a correction or bonus, and an accepted last draft) in one eval
+    assert sizes[:2] == [4, 1] and max(sizes[2:]) == 2 and res.stats.n_steps > 5
     s = res.stats                    # every context token once, plus rejected drafts at most once
     assert draft.n_rows <= 5 + len(res.ids) + s.n_drafted - s.n_accepted
 
