@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from .ops import _exp_parts
+from .ops import exp_parts
 
 _LANES = 8   # float64 partial sums of the softmax denominator
 
@@ -86,7 +86,7 @@ def _attention(q, k_cache, v_cache, positions, scale, window, g, out):
                 s[t] = s[t] * scale
                 smax = max(smax, s[t])
             for t in range(n):                             # e^(s - max) = e^r' · 2^k
-                e, k = _exp_parts(s[t] - smax)
+                e, k = exp_parts(s[t] - smax)
                 s[t] = e
                 bits[t] = (k + 127) << 23
             part = np.zeros(_LANES, dtype=np.float64)

@@ -79,11 +79,6 @@ def rope_apply(x, cs, neox):
                 x[m, h, b] = x0 * s + x1 * c
 
 
-def rope(x, positions, n_rot, base, neox) -> None:
-    """In-place rotary embedding of x (M, H, Dh) at positions (M,): rope_apply(rope_cos_sin)."""
-    rope_apply(x, rope_cos_sin(positions, n_rot, base), neox)
-
-
 # exp(x) for float32 in vectorizable arithmetic (the library expf is a call per element, which
 # the compiler cannot vectorize): x = n·ln2 + r, |r| <= ln2/2, with ln2 split in two (Cody and
 # Waite); e^r by a degree-7 Taylor-like polynomial (minimax coefficients of the Cephes expf);
@@ -98,7 +93,7 @@ _P3, _P4, _P5 = np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.flo
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _exp_parts(x):
+def exp_parts(x):
     """x float32 -> (e^r, n) with e^x = e^r · 2^n (see above)."""
     x = min(max(x, np.float32(-87.0)), np.float32(88.0))
     n = np.float32(np.rint(x * _LOG2E))
@@ -120,7 +115,7 @@ def swiglu(gate, up, out):
         scale = bits.view(np.float32)
         g = gate[m]
         for i in range(F):
-            r, n = _exp_parts(-g[i])
+            r, n = exp_parts(-g[i])
             e[i] = r
             bits[i] = (n + 127) << 23
         u = up[m]
