@@ -5,22 +5,24 @@ positions 0..pos, so its result is the same bit pattern whether the row came alo
 inside a verification batch — the causal mask inside the batch is just "keys up to my own
 position", and the cache rows at those positions are already written.
 
-Keys are cached transposed, (Hkv, Dh, n_ctx): the scores of all visible keys are built
-dimension after dimension, scores[t] += q[i] · K[i, t], a loop over independent keys that the
-compiler vectorizes without reassociating anything (fastmath stays off) — each score is
-still the plain in-order sum over i, the same bits as a key-by-key dot product.
+Keys are cached transposed, (Hkv, Dh, n_ctx), so the scores of consecutive keys are one
+vector.  The two dot-product phases (scores q·K, then the weighted sum of values) are the
+register-blocked SIMD code of attention_simd.py: a sum of fused multiply-adds in a fixed order
+per (row, head, position or dimension); the softmax between them is the code below.
 
-Speed: one work item is a query row and a group of heads sharing a KV head (GQA), so each
-key and value row is read from L2 once per group and reused from L1 by every head of it;
-how heads are grouped into items changes no operation of any (row, head).  The softmax
-evaluates exp with the vectorizable polynomial of ops.py (as ggml_vec_soft_max_f32 uses its
-own vector expf), sums in float64 over 8 interleaved partial sums folded in a fixed order.
+Speed: one work item is a query row and a group of up to G_MAX heads sharing a KV head (GQA),
+so each key and value vector is read once for all heads of the group; items run rows-inner, so
+a thread's consecutive items share their KV head's cache rows in L2.  How heads are grouped
+into items changes no operation of any (row, head).  The softmax evaluates exp with the
+vectorizable polynomial of ops.py (as ggml_vec_soft_max_f32 uses its own vector expf) and
+sums in float64 over 8 interleaved partial sums folded in a fixed order.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import get_num_threads, njit, prange
 
+from . import attention_simd as simd
 from .ops import exp_parts
 
 _LANES = 8   # float64 partial sums of the softmax denominator
@@ -39,9 +41,13 @@ def attention(q, k_cache, v_cache, positions, scale, window, out) -> None:
     """
     M, H, _ = q.shape
     n_rep = H // k_cache.shape[0]
-    g = next((c for c in range(n_rep, 0, -1)               # heads per work item: the largest divisor
-              if n_rep % c == 0 and M * H // c >= 2 * get_num_threads()), 1)   # of n_rep leaving
-    _attention(q, k_cache, v_cache, positions, scale, window, g, out)          # 2 items per thread
+    for a in (q, k_cache, v_cache, out):
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise ValueError("attention needs C-contiguous float32 arrays")
+    divisors = [c for c in range(min(n_rep, simd.G_MAX), 0, -1) if n_rep % c == 0]
+    g = next((c for c in divisors if M * H // c >= get_num_threads()),   # heads per item: the most
+             divisors[-1])                                               # that give every thread one
+    _attention(q, k_cache, v_cache, positions, scale, window, g, out)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -50,35 +56,18 @@ def _attention(q, k_cache, v_cache, positions, scale, window, g, out):
     M, H, Dh = q.shape
     n_rep = H // k_cache.shape[0]
     for item in prange(M * H // g):
-        m = item // (H // g)
-        h0 = (item % (H // g)) * g                         # heads h0 .. h0+g-1 share kvh
+        m = item % M                                       # rows inner: a thread's items go through
+        h0 = (item // M) * g                               # the same KV heads (L2); heads h0 .. h0+g-1
         kvh = h0 // n_rep
         p = positions[m]
         j0 = 0
         if window > 0 and p - window + 1 > 0:
             j0 = p - window + 1
         n = p + 1 - j0
-        scores = np.zeros((g, n), dtype=np.float32)        # (g, n)
+        scores = np.empty((g, (n + 15) // 16 * 16), dtype=np.float32)   # (g, n) and room
         bits = np.empty(n, dtype=np.int32)                 # (n,) float32 bits of 2^k
         two_k = bits.view(np.float32)
-        d4 = Dh - Dh % 4
-        for i in range(0, d4, 4):                          # 4 dimensions per pass over the scores:
-            k0 = k_cache[kvh, i, j0:j0 + n]                # (n,) dimension i of the visible keys
-            k1 = k_cache[kvh, i + 1, j0:j0 + n]            # the same adds in the same order as
-            k2 = k_cache[kvh, i + 2, j0:j0 + n]            # one pass per dimension, a quarter of
-            k3 = k_cache[kvh, i + 3, j0:j0 + n]            # the loads and stores of the scores
-            for r in range(g):
-                q0, q1, q2, q3 = q[m, h0 + r, i], q[m, h0 + r, i + 1], q[m, h0 + r, i + 2], q[m, h0 + r, i + 3]
-                s = scores[r]
-                for t in range(n):
-                    s[t] = (((s[t] + q0 * k0[t]) + q1 * k1[t]) + q2 * k2[t]) + q3 * k3[t]
-        for i in range(d4, Dh):
-            kr = k_cache[kvh, i, j0:j0 + n]
-            for r in range(g):
-                qi = q[m, h0 + r, i]
-                s = scores[r]
-                for t in range(n):
-                    s[t] += qi * kr[t]
+        simd.scores(q, k_cache, scores, m, h0, g, kvh, j0, n)
         for r in range(g):
             s = scores[r]                                  # (n,)
             smax = np.float32(-np.inf)
@@ -102,24 +91,4 @@ def _attention(q, k_cache, v_cache, positions, scale, window, g, out):
             inv = np.float32(1.0 / total)
             for t in range(n):
                 s[t] = s[t] * inv
-            o = out[m, h0 + r]
-            for i in range(Dh):
-                o[i] = 0.0
-        n4 = n - n % 4
-        for t in range(0, n4, 4):                          # 4 positions per pass over the output,
-            v0 = v_cache[kvh, j0 + t]                      # (Dh,) each read once for the g heads
-            v1 = v_cache[kvh, j0 + t + 1]
-            v2 = v_cache[kvh, j0 + t + 2]
-            v3 = v_cache[kvh, j0 + t + 3]
-            for r in range(g):
-                w0, w1, w2, w3 = scores[r, t], scores[r, t + 1], scores[r, t + 2], scores[r, t + 3]
-                o = out[m, h0 + r]
-                for i in range(Dh):
-                    o[i] = (((o[i] + w0 * v0[i]) + w1 * v1[i]) + w2 * v2[i]) + w3 * v3[i]
-        for t in range(n4, n):
-            vr = v_cache[kvh, j0 + t]
-            for r in range(g):
-                wt = scores[r, t]
-                o = out[m, h0 + r]
-                for i in range(Dh):
-                    o[i] += wt * vr[i]
+        simd.values(scores, v_cache, out, m, h0, g, kvh, j0, n)

@@ -2,8 +2,9 @@
 
 The benchmarks compare against llama.cpp side by side where they can: `llama-cpp-python`
 (not a dependency; docs/reproduce.md says how to build it for this CPU) in the same process,
-same threads, same GGUF file.  Each function returns None when the binding is missing, and
-the benchmarks then fall back to the figures in MODELS.md.
+same threads, same GGUF file.  Each function returns None when the binding is missing or
+llama.cpp cannot load the file (specdec reads some files it does not, e.g. the tests'
+synthetic ones), and the benchmarks then fall back to the figures in MODELS.md.
 
     decode(path, prompt, n_tg, repeats)   pp (one batched eval of the prompt) and tg (n_tg
                                           single-token evals) tokens/s, best of repeats
@@ -36,9 +37,13 @@ def version() -> str | None:
 
 
 def _load(path: str, n_ctx: int, logits_all: bool, mmap: bool = True):
+    """A llama_cpp.Llama on path, or None when llama.cpp refuses the file."""
     from llama_cpp import Llama
-    return Llama(path, n_ctx=n_ctx, n_threads=os.cpu_count() or 1, n_threads_batch=os.cpu_count() or 1,
-                 n_batch=512, logits_all=logits_all, use_mmap=mmap, verbose=False)
+    try:
+        return Llama(path, n_ctx=n_ctx, n_threads=os.cpu_count() or 1, n_threads_batch=os.cpu_count() or 1,
+                     n_batch=512, logits_all=logits_all, use_mmap=mmap, verbose=False)
+    except ValueError:                  # "Failed to load model from file: ..."
+        return None
 
 
 def _rewind(llm, n: int) -> None:
@@ -54,6 +59,8 @@ def decode(path: str, prompt: Sequence[int], n_tg: int, repeats: int = 3,
     if not available():
         return None
     llm = _load(path, len(prompt) + n_tg + 8, logits_all=False, mmap=mmap)
+    if llm is None:
+        return None
     llm.eval(list(prompt[:8]))                                    # warm-up
     pp, tg = 0.0, 0.0
     for _ in range(repeats):
@@ -76,6 +83,8 @@ def forward_ms(path: str, ms: Sequence[int], n_past: int = 128, repeats: int = 5
     if not available():
         return None
     llm = _load(path, n_past + max(ms) + 8, logits_all=True, mmap=mmap)
+    if llm is None:
+        return None
     llm.eval([(17 * i) % 1000 + 100 for i in range(n_past)])
     out = {}
     for m in ms:
