@@ -5,8 +5,9 @@ positions 0..pos, so its result is the same bit pattern whether the row came alo
 inside a verification batch — the causal mask inside the batch is just "keys up to my own
 position", and the cache rows at those positions are already written.
 
-Keys are cached transposed, (Hkv, Dh, n_ctx), so the scores of consecutive keys are one
-vector.  The two dot-product phases (scores q·K, then the weighted sum of values) are the
+Keys are cached in blocks of KV_BLOCK positions, each block transposed, (Hkv, n_ctx /
+KV_BLOCK, Dh, KV_BLOCK): the scores of consecutive keys are one vector, and a block of scores
+reads one contiguous run of memory (`blocked_keys` builds the layout from (Hkv, n, Dh) keys).  The two dot-product phases (scores q·K, then the weighted sum of values) are the
 register-blocked SIMD code of attention_simd.py: a sum of fused multiply-adds in a fixed order
 per (row, head, position or dimension); the softmax between them is the code below.
 
@@ -26,13 +27,25 @@ from . import attention_simd as simd
 from .ops import exp_parts
 
 _LANES = 8   # float64 partial sums of the softmax denominator
+KV_BLOCK = simd.KV_BLOCK
+
+
+def blocked_keys(k: np.ndarray) -> np.ndarray:
+    """(Hkv, n, Dh) keys -> (Hkv, ceil(n / KV_BLOCK), Dh, KV_BLOCK), the cache layout
+    (positions past n are zero)."""
+    hkv, n, dh = k.shape
+    nb = -(-n // KV_BLOCK)
+    out = np.zeros((hkv, nb * KV_BLOCK, dh), dtype=np.float32)
+    out[:, :n] = k
+    return np.ascontiguousarray(out.reshape(hkv, nb, KV_BLOCK, dh).transpose(0, 1, 3, 2))
 
 
 def attention(q, k_cache, v_cache, positions, scale, window, out) -> None:
     """out[m, h] = softmax(scale * q[m, h] · K[:p+1]) · V[:p+1],   p = positions[m].
 
     q:        (M, H, Dh)         float32 queries (RoPE applied)
-    k_cache:  (Hkv, Dh, n_ctx)   float32 keys of one layer, transposed
+    k_cache:  (Hkv, n_ctx/KB, Dh, KB) float32 keys of one layer, blocks of KB = KV_BLOCK
+                                 positions, each transposed
     v_cache:  (Hkv, n_ctx, Dh)   float32 values of one layer
     positions:(M,) int64         absolute position of each query row
     window:   0, or the sliding-window size: key j is visible iff p - j < window
@@ -44,6 +57,8 @@ def attention(q, k_cache, v_cache, positions, scale, window, out) -> None:
     for a in (q, k_cache, v_cache, out):
         if a.dtype != np.float32 or not a.flags.c_contiguous:
             raise ValueError("attention needs C-contiguous float32 arrays")
+    if k_cache.ndim != 4 or k_cache.shape[3] != KV_BLOCK:
+        raise ValueError(f"k_cache must be (Hkv, n_ctx / {KV_BLOCK}, Dh, {KV_BLOCK}): see blocked_keys")
     divisors = [c for c in range(min(n_rep, simd.G_MAX), 0, -1) if n_rep % c == 0]
     g = next((c for c in divisors if M * H // c >= get_num_threads()),   # heads per item: the most
              divisors[-1])                                               # that give every thread one

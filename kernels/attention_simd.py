@@ -14,7 +14,10 @@ t = 0, 1, … for values) starting from 0.  A position or dimension outside the 
 each result has the same bits wherever it falls in a block — the result of (row, head) does not
 depend on M, on the grouping of heads, or on the row's position within a block.
 
-Arrays (C-contiguous float32):  q (M, H, Dh);  k_cache (Hkv, Dh, n_ctx) keys transposed;
+Arrays (C-contiguous float32):  q (M, H, Dh);  k_cache (Hkv, n_ctx / KV_BLOCK, Dh, KV_BLOCK)
+keys in blocks of KV_BLOCK positions, each block transposed (a block of scores reads one
+contiguous 8-16 KiB run, which the hardware prefetcher follows; keys transposed over the whole
+context would make every dimension its own stream, n_ctx · 4 bytes apart);
 v_cache (Hkv, n_ctx, Dh);  s (≥ g, ≥ n) scores;  out (M, H, Dh).
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ from numba.extending import intrinsic
 
 from .kquants_simd import F32, I64, V16F32, _fma, _splat_f32
 
+KV_BLOCK = 32        # positions per transposed block of the key cache (a multiple of W)
 G_MAX = 8            # heads per work item: 2 · G_MAX accumulators (of 32) stay in registers
 W = 16               # floats per vector
 
@@ -75,31 +79,42 @@ def _per_g(builder, g, body) -> None:
     builder.position_at_end(end)
 
 
-def _blocked(builder, n, body_vec, body_scalar, n_room=None) -> None:
-    """Cover 0 … n−1: blocks of 2W (body_vec(start, 2)) and of W (body_vec(start, 1)) while
-    they fit in n — or, given n_room ≥ n, while a W block fits in n_room (its lanes past n are
-    computed from whatever is there and must not be used) — then single indices
-    (body_scalar(i))."""
-    n2 = builder.and_(n, I64(-2 * W))
-    with cgutils.for_range_slice(builder, I64(0), n2, I64(2 * W)) as (t0, _):
+def _blocked(builder, lo, hi, body_vec, body_scalar, room=None) -> None:
+    """Cover lo … hi−1: single indices (body_scalar(i)) up to a multiple of W, blocks of 2W
+    (body_vec(start, 2)) and of W (body_vec(start, 1)) while they fit before hi — or, given
+    room ≥ hi, while a W block fits before room (its lanes from hi on are computed from
+    whatever is there and must not be used) — then single indices again."""
+    a = builder.and_(builder.add(lo, I64(W - 1)), I64(-W))
+    a = builder.select(builder.icmp_signed("<", a, hi), a, hi)
+    with cgutils.for_range_slice(builder, lo, a, I64(1)) as (t, _):
+        body_scalar(t)
+    n2 = builder.add(a, builder.and_(builder.sub(hi, a), I64(-2 * W)))
+    with cgutils.for_range_slice(builder, a, n2, I64(2 * W)) as (t0, _):
         body_vec(t0, 2)
-    ceil = builder.and_(builder.add(n, I64(W - 1)), I64(-W))
-    n1 = builder.and_(n, I64(-W)) if n_room is None else builder.select(
-        builder.icmp_signed("<=", ceil, n_room), ceil, builder.and_(n, I64(-W)))
+    n1 = builder.add(a, builder.and_(builder.sub(hi, a), I64(-W)))
+    if room is not None:
+        ceil = builder.add(a, builder.and_(builder.add(builder.sub(hi, a), I64(W - 1)), I64(-W)))
+        n1 = builder.select(builder.icmp_signed("<=", ceil, room), ceil, n1)
     with cgutils.for_range_slice(builder, n2, n1, I64(W)) as (t0, _):
         body_vec(t0, 1)
-    with cgutils.for_range_slice(builder, n1, n, I64(1)) as (t, _):
+    with cgutils.for_range_slice(builder, n1, hi, I64(1)) as (t, _):
         body_scalar(t)
 
 
-def _emit_scores(builder, qp, kp, sp, Dh, H, n_ctx, ns, m, h0, g, kvh, j0, n):
-    """s[r, t] = Σ_i q[m, h0 + r, i] · K[kvh, i, j0 + t] for r < g, t < n.  The last block of
-    positions is a full vector when the cache row and s have room for it (s[r, n:] then holds
-    scores of cache slots past the visible ones: never to be used)."""
-    n_room = builder.select(builder.icmp_signed("<", n_ctx, builder.add(ns, j0)), n_ctx,
-                            builder.add(ns, j0))                            # slots j0 … n_room−1
+def _emit_scores(builder, qp, kp, sp, Dh, H, NB, KB, ns, m, h0, g, kvh, j0, n):
+    """s[r, t − j0] = Σ_i q[m, h0 + r, i] · K[kvh, t // KB, i, t % KB] for r < g and the
+    positions t = j0 … j0 + n − 1.  The last block of positions is a full vector when the
+    cache and s have room for it (s[r, n:] then holds scores of cache slots past the visible
+    ones: never to be used)."""
+    hi = builder.add(j0, n)
+    cap = builder.mul(NB, KB)
+    room = builder.select(builder.icmp_signed("<", cap, builder.add(ns, j0)), cap,
+                          builder.add(ns, j0))                              # slots < room
     qrow = _mul_add(builder, (builder.add(builder.mul(m, H), h0), Dh))     # q[m, h0, 0]
-    krow = builder.add(builder.mul(builder.mul(kvh, Dh), n_ctx), j0)        # K[kvh, 0, j0]
+
+    def kpos(t):                                    # K[kvh, t // KB, 0, t % KB]
+        blk = builder.add(builder.mul(kvh, NB), builder.sdiv(t, KB))
+        return _mul_add(builder, (builder.mul(blk, Dh), KB), (builder.srem(t, KB), None))
 
     def for_g(gs):
         def vec(t0, nb):
@@ -107,9 +122,10 @@ def _emit_scores(builder, qp, kp, sp, Dh, H, n_ctx, ns, m, h0, g, kvh, j0, n):
             for row in accs:
                 for a in row:
                     builder.store(ir.Constant(V16F32, 0.0), a)
+            kb = [kpos(builder.add(t0, I64(W * b))) for b in range(nb)]   # W | KB: no block split
             with cgutils.for_range(builder, Dh) as i:
-                kbase = _mul_add(builder, (i.index, n_ctx), (krow, None), (t0, None))
-                kv = [_vload(builder, kp, builder.add(kbase, I64(W * b))) for b in range(nb)]
+                iKB = builder.mul(i.index, KB)
+                kv = [_vload(builder, kp, builder.add(kb[b], iKB)) for b in range(nb)]
                 for r, row in enumerate(accs):
                     qi = _splat_f32(builder, _sload(builder, qp, _mul_add(
                         builder, (qrow, None), (I64(r), Dh), (i.index, None))))
@@ -117,23 +133,24 @@ def _emit_scores(builder, qp, kp, sp, Dh, H, n_ctx, ns, m, h0, g, kvh, j0, n):
                         builder.store(_fma(builder, qi, kv[b], builder.load(a)), a)
             for r, row in enumerate(accs):
                 for b, a in enumerate(row):
-                    _vstore(builder, builder.load(a), sp,
-                            _mul_add(builder, (I64(r), ns), (t0, None), (I64(W * b), None)))
+                    _vstore(builder, builder.load(a), sp, _mul_add(
+                        builder, (I64(r), ns), (builder.sub(t0, j0), None), (I64(W * b), None)))
 
         def scalar(t):
             accs = [cgutils.alloca_once(builder, F32) for _ in range(gs)]
             for a in accs:
                 builder.store(F32(0.0), a)
+            kt = kpos(t)
             with cgutils.for_range(builder, Dh) as i:
-                kv = _sload(builder, kp, _mul_add(builder, (i.index, n_ctx), (krow, None), (t, None)))
+                kv = _sload(builder, kp, builder.add(kt, builder.mul(i.index, KB)))
                 for r, a in enumerate(accs):
                     qi = _sload(builder, qp, _mul_add(builder, (qrow, None), (I64(r), Dh),
                                                       (i.index, None)))
                     builder.store(_fma_f32(builder, qi, kv, builder.load(a)), a)
             for r, a in enumerate(accs):
-                builder.store(builder.load(a), _at(builder, sp, _mul_add(builder, (I64(r), ns),
-                                                                         (t, None))))
-        _blocked(builder, n, vec, scalar, builder.sub(n_room, j0))
+                builder.store(builder.load(a), _at(builder, sp, _mul_add(
+                    builder, (I64(r), ns), (builder.sub(t, j0), None))))
+        _blocked(builder, j0, hi, vec, scalar, room)
     _per_g(builder, g, for_g)
 
 
@@ -173,7 +190,7 @@ def _emit_values(builder, sp, vp, op, Dh, H, n_ctx, ns, m, h0, g, kvh, j0, n):
             for r, a in enumerate(accs):
                 builder.store(builder.load(a), _at(builder, op, _mul_add(
                     builder, (orow, None), (I64(r), Dh), (d, None))))
-        _blocked(builder, Dh, vec, scalar)
+        _blocked(builder, I64(0), Dh, vec, scalar)
     _per_g(builder, g, for_g)
 
 
@@ -187,16 +204,16 @@ def _args(context, builder, signature, args, n_arrays):
 
 @intrinsic
 def scores(typingctx, q, k_cache, s, m, h0, g, kvh, j0, n):
-    """scores(q, k_cache, s, m, h0, g, kvh, j0, n): s[r, :n] = q[m, h0 + r] · K[kvh, :, j0:j0 + n]
-    for r < g (1 ≤ g ≤ G_MAX), unscaled."""
+    """scores(q, k_cache, s, m, h0, g, kvh, j0, n): s[r, :n] = q[m, h0 + r] · (keys j0 … j0+n−1
+    of KV head kvh) for r < g (1 ≤ g ≤ G_MAX), unscaled; k_cache (Hkv, n_blocks, Dh, KV_BLOCK)."""
     sig = types.void(q, k_cache, s, m, h0, g, kvh, j0, n)
 
     def codegen(context, builder, signature, args):
         (qa, ka, sa), (m_, h0_, g_, kvh_, j0_, n_) = _args(context, builder, signature, args, 3)
         _, H, Dh = cgutils.unpack_tuple(builder, qa.shape, 3)
-        n_ctx = cgutils.unpack_tuple(builder, ka.shape, 3)[2]
+        _, NB, _, KB = cgutils.unpack_tuple(builder, ka.shape, 4)
         ns = cgutils.unpack_tuple(builder, sa.shape, 2)[1]
-        _emit_scores(builder, qa.data, ka.data, sa.data, Dh, H, n_ctx, ns, m_, h0_, g_, kvh_, j0_, n_)
+        _emit_scores(builder, qa.data, ka.data, sa.data, Dh, H, NB, KB, ns, m_, h0_, g_, kvh_, j0_, n_)
         return context.get_dummy_value()
     return sig, codegen
 

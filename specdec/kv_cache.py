@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels.attention import KV_BLOCK
+
 from .errors import ContextOverflowError
 
 
 class KVCache:
-    """k: (n_layer, n_head_kv, d_head, n_ctx) float32, keys transposed for the attention
-    kernel's score loop; v: (n_layer, n_head_kv, n_ctx, d_head) float32.  Positions
-    0..n_past-1 are valid."""
+    """k: (n_layer, n_head_kv, n_blocks, d_head, KV_BLOCK) float32, keys in blocks of
+    KV_BLOCK positions, each block transposed (the attention kernel's layout: position t is
+    k[..., t // KV_BLOCK, :, t % KV_BLOCK]); v: (n_layer, n_head_kv, n_ctx, d_head) float32.
+    Positions 0..n_past-1 are valid."""
 
     def __init__(self, n_layer: int, n_head_kv: int, n_ctx: int, d_head: int):
-        self.k = np.zeros((n_layer, n_head_kv, d_head, n_ctx), dtype=np.float32)
+        n_blocks = -(-n_ctx // KV_BLOCK)
+        self.k = np.zeros((n_layer, n_head_kv, n_blocks, d_head, KV_BLOCK), dtype=np.float32)
         self.v = np.zeros((n_layer, n_head_kv, n_ctx, d_head), dtype=np.float32)
         self.n_ctx = n_ctx
         self.n_past = 0
@@ -35,8 +39,14 @@ class KVCache:
     def store(self, il: int, start: int, k, v) -> None:
         """Write rows for positions start..start+M-1.   k, v: (M, n_head_kv, d_head)."""
         m = k.shape[0]
-        self.k[il, :, :, start:start + m] = k.transpose(1, 2, 0)
+        pos = np.arange(start, start + m)
+        self.k[il][:, pos // KV_BLOCK, :, pos % KV_BLOCK] = k     # (m, n_head_kv, d_head)
         self.v[il, :, start:start + m, :] = v.transpose(1, 0, 2)
+
+    def keys(self) -> np.ndarray:
+        """A copy of the keys as (n_layer, n_head_kv, n_ctx, d_head)."""
+        nl, hkv, nb, dh, kb = self.k.shape
+        return self.k.transpose(0, 1, 2, 4, 3).reshape(nl, hkv, nb * kb, dh)[:, :, :self.n_ctx].copy()
 
     def truncate(self, n: int) -> None:
         """Forget every position >= n.  O(1): stale rows are overwritten before being read."""
