@@ -43,7 +43,8 @@ SETS = ("code_editing", "fresh_code")
 
 def config_kwargs(name: str, draft, a) -> dict:
     """Model.generate keyword arguments of one configuration."""
-    lookup = dict(lookup_ngram_min=a.lookup_ngram_min, lookup_ngram_max=a.lookup_ngram_max)
+    lookup = dict(lookup_ngram_min=a.lookup_ngram_min, lookup_ngram_max=a.lookup_ngram_max,
+                  lookup_copy_ratio=a.lookup_copy_ratio)
     if name == "plain":
         return {}
     if name == "model":
@@ -125,6 +126,8 @@ def main() -> None:
     ap.add_argument("--draft-p", type=float, default=0.9)
     ap.add_argument("--lookup-ngram-min", type=int, default=2)
     ap.add_argument("--lookup-ngram-max", type=int, default=16)
+    ap.add_argument("--lookup-copy-ratio", type=float, default=1.0,
+                    help="a match of n tokens copies at most this many times n (0: draft-n)")
     ap.add_argument("--draft-vocab", type=int, default=32768,
                     help="the draft model computes logits for ids below this only (0: all; "
                          "default 32768: 95%% of the answers' tokens, 89%% greedy agreement with "

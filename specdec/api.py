@@ -93,7 +93,7 @@ class Model:
                  draft_p: float = 0.9, draft_model: "Model | None" = None,
                  draft_policy: "str | DraftPolicy" = "threshold",
                  lookup_ngram_min: int = 2, lookup_ngram_max: int = 16,
-                 draft_vocab: int | None = None,
+                 draft_vocab: int | None = None, lookup_copy_ratio: float = 1.0,
                  ignore_eos: bool = False, n_ctx: int | None = None,
                  on_token: Callable[[int, str], None] | None = None,
                  trace: TraceSink | None = None) -> Completion:
@@ -102,7 +102,8 @@ class Model:
         speculative decoding, with exactly the target's output law (greedy: the same ids).
 
         draft: a loaded draft Model, a Drafter object, or a name: 'model' / 'hybrid' (with
-        draft_model=) or 'prompt-lookup' (n-grams of lookup_ngram_min..max tokens); see
+        draft_model=) or 'prompt-lookup' (n-grams of lookup_ngram_min..max tokens; a match of n
+        tokens copies at most lookup_copy_ratio · n of them, 0: draft_n); see
         drafters.make_drafter.  draft_policy: 'threshold' (up to draft_n, model drafts stop
         below confidence draft_p), 'fixed' (draft_n) or 'adaptive' (1..draft_n chosen from
         the measured acceptance and costs), or a DraftPolicy object; see specdec.policies.
@@ -124,7 +125,8 @@ class Model:
             drafter = make_drafter(draft, self, params, draft_model=draft_model,
                                    draft_p=policy.p_min, n_ctx=n_ctx,
                                    lookup_ngram_min=lookup_ngram_min,
-                                   lookup_ngram_max=lookup_ngram_max, draft_vocab=draft_vocab)
+                                   lookup_ngram_max=lookup_ngram_max, draft_vocab=draft_vocab,
+                                   lookup_copy_ratio=lookup_copy_ratio)
             res = generate_speculative(target, drafter, prompt_ids, n_predict, params, rng, eog,
                                        policy=policy, on_token=on_token, trace=trace)
         return _completion(self, prompt_ids, res)

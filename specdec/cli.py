@@ -74,6 +74,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                         "(--draft-n), adaptive (1..--draft-n from measured acceptance and costs)")
     g.add_argument("--lookup-ngram-min", type=int, default=2, help="prompt lookup: shortest n-gram matched (default: 2)")
     g.add_argument("--lookup-ngram-max", type=int, default=16, help="prompt lookup: longest n-gram matched (default: 16)")
+    g.add_argument("--lookup-copy-ratio", type=float, default=1.0, metavar="R",
+                   help="prompt lookup: a match of n tokens copies at most R*n tokens (0: --draft-n; default: 1)")
     g.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="the draft model computes logits for token ids < N only: a cheaper draft "
                         "over the common tokens, same output law (default: all)")
@@ -245,6 +247,7 @@ def cmd_run(a) -> int:
         out = target.generate(text, draft=spec, draft_model=draft, draft_n=a.draft_n, draft_p=a.draft_p,
                               draft_policy=a.draft_policy, lookup_ngram_min=a.lookup_ngram_min,
                               lookup_ngram_max=a.lookup_ngram_max, draft_vocab=a.draft_vocab,
+                              lookup_copy_ratio=a.lookup_copy_ratio,
                               on_token=printer, trace=trace, **kw)
     finally:
         if trace is not None:
@@ -301,7 +304,8 @@ def _chat(a, target, draft, spec, first: str | None = None) -> int:
     if spec:
         kw = dict(draft=spec, draft_model=draft, draft_n=a.draft_n, draft_p=a.draft_p,
                   draft_policy=a.draft_policy, lookup_ngram_min=a.lookup_ngram_min,
-                  lookup_ngram_max=a.lookup_ngram_max, draft_vocab=a.draft_vocab)
+                  lookup_ngram_max=a.lookup_ngram_max, draft_vocab=a.draft_vocab,
+                  lookup_copy_ratio=a.lookup_copy_ratio)
     conv = Conversation(target, system=a.system_prompt, n_ctx=a.ctx_size or None,
                         temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
                         seed=_seed(a), ignore_eos=a.ignore_eos, **kw)

@@ -26,7 +26,8 @@ from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
 from specdec.speculative import generate_speculative
 from test_speculative import ListTrace, factories, sampling_params, target_law
 
-KINDS = ("lookup", "hybrid", "adaptive-model", "adaptive-lookup", "adaptive-hybrid", "adaptive-resume")
+KINDS = ("lookup", "lookup-full", "hybrid", "adaptive-model", "adaptive-lookup", "adaptive-hybrid",
+         "adaptive-resume")
 
 
 def work_clock(target, draft=None, c: float = 0.3, growth: float = 0.1):
@@ -40,8 +41,9 @@ def build(kind: str, target, draft, params, draft_n: int, draft_p: float = 0.0, 
     resume = kind == "adaptive-resume"                 # resume needs ngram_max >= 4
     lookup = PromptLookupDrafter(target.n_vocab, ngram_max=5 if resume else ngram_max, ngram_min=1,
                                  resume=resume)
+    full = PromptLookupDrafter(target.n_vocab, ngram_max=ngram_max, ngram_min=1, copy_ratio=0)
     model = ModelDrafter(draft, params, draft_p)
-    drafter = {"lookup": lookup, "hybrid": HybridDrafter(lookup, model),
+    drafter = {"lookup": lookup, "lookup-full": full, "hybrid": HybridDrafter(lookup, model),
                "adaptive-model": model, "adaptive-lookup": lookup,
                "adaptive-hybrid": HybridDrafter(lookup, model), "adaptive-resume": lookup}[kind]
     if kind.startswith("adaptive"):
@@ -53,14 +55,16 @@ def build(kind: str, target, draft, params, draft_n: int, draft_p: float = 0.0, 
 
 # ---- prompt lookup: the matching rule ---------------------------------------------------------
 
-def lookup_reference(ctx, n_max, ngram_min, ngram_max):
+def lookup_reference(ctx, n_max, ngram_min, ngram_max, copy_ratio=0.0):
     """Brute force: longest suffix n-gram with an earlier occurrence, its latest occurrence,
-    overlapping copy."""
+    overlapping copy of n_max tokens, at most copy_ratio per matched token (0: no cap)."""
     L = len(ctx)
     for n in range(min(ngram_max, L - 1), ngram_min - 1, -1):
         ends = [e for e in range(n, L) if ctx[e - n: e] == ctx[L - n:]]
         if ends:
             ext = list(ctx)
+            if copy_ratio:
+                n_max = min(n_max, max(1, int(copy_ratio * n)))
             for k in range(n_max):
                 ext.append(ext[ends[-1] + k])
             return ext[L:]
@@ -68,7 +72,7 @@ def lookup_reference(ctx, n_max, ngram_min, ngram_max):
 
 
 def test_lookup_longest_ngram_then_most_recent_occurrence():
-    d = PromptLookupDrafter(10, ngram_max=3, ngram_min=1)
+    d = PromptLookupDrafter(10, ngram_max=3, ngram_min=1, copy_ratio=0)
     rng = NumpyRandom(0)
     #        (2,3) ends at 3 and 7; the suffix (1,2,3) has no earlier occurrence
     ctx = [5, 2, 3, 4, 6, 2, 3, 7, 1, 2, 3]
@@ -80,7 +84,7 @@ def test_lookup_longest_ngram_then_most_recent_occurrence():
 
 
 def test_lookup_overlapping_copy_no_match_and_caps():
-    d = PromptLookupDrafter(6, ngram_max=3, ngram_min=1)
+    d = PromptLookupDrafter(6, ngram_max=3, ngram_min=1, copy_ratio=0)
     rng = NumpyRandom(0)
     draft = d.propose([1, 2, 1, 2], 5, rng)            # a period continues as far as asked
     assert draft.tokens == (1, 2, 1, 2, 1) and draft.source == "prompt-lookup"
@@ -89,23 +93,36 @@ def test_lookup_overlapping_copy_no_match_and_caps():
     assert d.propose([1, 2, 3, 4], 4, rng).tokens == ()   # nothing repeats
     assert d.propose([3], 4, rng).tokens == ()
     assert d.propose([1, 2, 1, 2], 0, rng).tokens == ()
-    d2 = PromptLookupDrafter(6, ngram_max=3, ngram_min=2)
+    d2 = PromptLookupDrafter(6, ngram_max=3, ngram_min=2, copy_ratio=0)
     assert d2.propose([1, 2, 3, 1], 2, rng).tokens == ()  # a 1-gram match is not enough
     assert d2.propose([1, 2, 3, 1, 2], 2, rng).tokens == (3, 1)
     for bad in ((0, 2), (3, 2)):
         with pytest.raises(ConfigError):
             PromptLookupDrafter(6, ngram_min=bad[0], ngram_max=bad[1])
+    for bad in (-1.0, 0.1, float("nan")):
+        with pytest.raises(ConfigError):
+            PromptLookupDrafter(6, ngram_max=3, copy_ratio=bad)
+
+
+def test_lookup_copies_at_most_copy_ratio_tokens_per_matched_token():
+    rng = NumpyRandom(0)
+    ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]          # (1, 2, 3) matched: copy 4 5 6 7 8 ...
+    assert PromptLookupDrafter(10, ngram_max=4).propose(ctx, 8, rng).tokens == (4, 5, 6)
+    assert PromptLookupDrafter(10, ngram_max=4, copy_ratio=2).propose(ctx, 8, rng).tokens == (4, 5, 6, 7, 8, 9)
+    assert PromptLookupDrafter(10, ngram_max=4, copy_ratio=0).propose(ctx, 8, rng).tokens == (
+        4, 5, 6, 7, 8, 9, 1, 2)
+    assert PromptLookupDrafter(10, ngram_max=4).propose(ctx, 2, rng).tokens == (4, 5)   # n_max still caps
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["extend", "extend", "extend", "edit", "shrink"]),
                           st.lists(st.integers(0, 3), min_size=1, max_size=4)), min_size=1, max_size=12),
-       st.integers(1, 3), st.integers(0, 2), st.integers(0, 6))
-def test_lookup_incremental_index_equals_brute_force(ops, ngram_max, extra, n_max):
+       st.integers(1, 3), st.integers(0, 2), st.integers(0, 6), st.sampled_from([0.0, 1.0, 1.5, 2.0]))
+def test_lookup_incremental_index_equals_brute_force(ops, ngram_max, extra, n_max, copy_ratio):
     """However the context evolves (grows, is edited, shrinks: a new request), the index
     answers like a search over the whole context."""
     ngram_min = max(1, ngram_max - extra)
-    d = PromptLookupDrafter(4, ngram_max=ngram_max, ngram_min=ngram_min)
+    d = PromptLookupDrafter(4, ngram_max=ngram_max, ngram_min=ngram_min, copy_ratio=copy_ratio)
     ctx: list[int] = []
     for op, toks in ops:
         if op == "extend":
@@ -115,7 +132,7 @@ def test_lookup_incremental_index_equals_brute_force(ops, ngram_max, extra, n_ma
         else:
             ctx = ctx[: len(ctx) // 2] + toks
         got = d.propose(ctx, n_max, NumpyRandom(0)).tokens
-        assert list(got) == lookup_reference(ctx, n_max, ngram_min, ngram_max), ctx
+        assert list(got) == lookup_reference(ctx, n_max, ngram_min, ngram_max, copy_ratio), ctx
 
 
 def resume_reference(ctx, n_max, ngram_min, ngram_max, anchor=4, edit_max=4):
@@ -151,7 +168,8 @@ def resume_reference(ctx, n_max, ngram_min, ngram_max, anchor=4, edit_max=4):
                           st.lists(st.integers(0, 2), min_size=1, max_size=5)), min_size=1, max_size=14),
        st.integers(4, 6), st.integers(1, 4), st.integers(0, 6))
 def test_lookup_with_resume_equals_brute_force(ops, ngram_max, ngram_min, n_max):
-    d = PromptLookupDrafter(3, ngram_max=ngram_max, ngram_min=min(ngram_min, ngram_max), resume=True)
+    d = PromptLookupDrafter(3, ngram_max=ngram_max, ngram_min=min(ngram_min, ngram_max), resume=True,
+                            copy_ratio=0)
     assert d.resume
     ctx: list[int] = []
     for op, toks in ops:
