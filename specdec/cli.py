@@ -193,6 +193,8 @@ def _check_run_args(a) -> None:
         raise ConfigError(f"--temp must be >= 0, got {a.temp}")
     if a.ctx_size < 0 or a.threads < 0:
         raise ConfigError("--ctx-size and --threads must be >= 0")
+    from .drafters import check_lookup_options
+    check_lookup_options(a.lookup_ngram_min, a.lookup_ngram_max, a.lookup_copy_ratio)
 
 
 def _load(name: str, n_ctx: int, activations: str = "auto", mmap: bool = True):

@@ -210,6 +210,14 @@ class NgramIndex:
         return e[i - 1] if i else None
 
 
+def check_lookup_options(ngram_min: int, ngram_max: int, copy_ratio: float) -> None:
+    """ConfigError unless 1 <= ngram_min <= ngram_max and copy_ratio is 0 or >= 1/ngram_max."""
+    if not 1 <= ngram_min <= ngram_max:
+        raise ConfigError(f"--lookup-ngram-min/max: need 1 <= min <= max, got {ngram_min}, {ngram_max}")
+    if not (copy_ratio == 0 or copy_ratio >= 1 / ngram_max):        # (NaN fails both)
+        raise ConfigError(f"--lookup-copy-ratio must be 0 (no cap) or at least 1/ngram_max, got {copy_ratio}")
+
+
 class Match(NamedTuple):
     """A prompt-lookup match: n tokens matched, the copy starts at src of the context."""
     n: int
@@ -264,10 +272,7 @@ class PromptLookupDrafter:
 
     def __init__(self, n_vocab: int, ngram_max: int = 16, ngram_min: int = 2, resume: bool = False,
                  copy_ratio: float = 1.0):
-        if not 1 <= ngram_min <= ngram_max:
-            raise ConfigError(f"--lookup-ngram-min/max: need 1 <= min <= max, got {ngram_min}, {ngram_max}")
-        if not (copy_ratio == 0 or copy_ratio >= 1 / ngram_max) or copy_ratio != copy_ratio:
-            raise ConfigError(f"--lookup-copy-ratio must be 0 (no cap) or at least 1/ngram_max, got {copy_ratio}")
+        check_lookup_options(ngram_min, ngram_max, copy_ratio)
         self.n_vocab, self.ngram_min, self.ngram_max = int(n_vocab), int(ngram_min), int(ngram_max)
         self.copy_ratio = float(copy_ratio)
         self.resume = bool(resume) and self.ngram_max >= self.RESUME_ANCHOR

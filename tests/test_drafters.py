@@ -483,6 +483,10 @@ def test_cli_draft_and_policy_flags(tiny, capsys):
     assert rc == 0 and "accepted" in err and "prompt-lookup" in err
     assert cli.main(["run", "-m", tiny.path, "-p", "ab", "-n", "2", "--draft", "hybrid"]) == 2
     assert "draft model" in capsys.readouterr().err
+    assert cli.main(["run", "-m", tiny.path, "-p", "ab", "-n", "2", "--draft", "prompt-lookup",
+                     "--lookup-copy-ratio", "-1"]) == 2
+    out = capsys.readouterr()                         # refused before loading: nothing printed
+    assert out.out == "" and "--lookup-copy-ratio" in out.err and "loading" not in out.err
     with pytest.raises(SpecdecError):
         cli.build_parser().parse_args(["run", "--draft-policy", "sometimes"])
 
