@@ -7,7 +7,8 @@ position", and the cache rows at those positions are already written.
 
 Keys are cached in blocks of KV_BLOCK positions, each block transposed, (Hkv, n_ctx /
 KV_BLOCK, Dh, KV_BLOCK): the scores of consecutive keys are one vector, and a block of scores
-reads one contiguous run of memory (`blocked_keys` builds the layout from (Hkv, n, Dh) keys).  The two dot-product phases (scores q·K, then the weighted sum of values) are the
+reads one contiguous run of memory (`blocked_keys` builds the layout from (Hkv, n, Dh) keys).
+The two dot-product phases (scores q·K, then the weighted sum of values) are the
 register-blocked SIMD code of attention_simd.py: a sum of fused multiply-adds in a fixed order
 per (row, head, position or dimension); the softmax between them is the code below.
 
