@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kquants_simd import F32, I64, V16F32, _fma, _splat_f32
+from .kquants_simd import F32, I64, V16F32, _fma, _splat_f32, switch_static
 
 KV_BLOCK = 32        # positions per transposed block of the key cache (a multiple of W)
 G_MAX = 8            # heads per work item: 2 · G_MAX accumulators (of 32) stay in registers
@@ -65,18 +65,13 @@ def _mul_add(builder, *terms):
     return acc
 
 
-def _per_g(builder, g, body) -> None:
-    """body(gs) for the static head count gs = g (1 … G_MAX): one code path per count, so
-    its accumulators are registers."""
-    end = builder.append_basic_block("per_g_end")
-    sw = builder.switch(g, end)
-    for gs in range(1, G_MAX + 1):
-        bb = builder.append_basic_block(f"g{gs}")
-        sw.add_case(I64(gs), bb)
-        builder.position_at_end(bb)
-        body(gs)
-        builder.branch(end)
-    builder.position_at_end(end)
+def _zeroed(builder, ty, rows: int, cols: int) -> list:
+    """rows × cols stack slots of type ty, set to 0 (registers once optimized)."""
+    slots = [[cgutils.alloca_once(builder, ty) for _ in range(cols)] for _ in range(rows)]
+    for row in slots:
+        for a in row:
+            builder.store(ir.Constant(ty, 0.0), a)
+    return slots
 
 
 def _blocked(builder, lo, hi, body_vec, body_scalar, room=None) -> None:
@@ -118,10 +113,7 @@ def _emit_scores(builder, qp, kp, sp, Dh, H, NB, KB, ns, m, h0, g, kvh, j0, n):
 
     def for_g(gs):
         def vec(t0, nb):
-            accs = [[cgutils.alloca_once(builder, V16F32) for _ in range(nb)] for _ in range(gs)]
-            for row in accs:
-                for a in row:
-                    builder.store(ir.Constant(V16F32, 0.0), a)
+            accs = _zeroed(builder, V16F32, gs, nb)
             kb = [kpos(builder.add(t0, I64(W * b))) for b in range(nb)]   # W | KB: no block split
             with cgutils.for_range(builder, Dh) as i:
                 iKB = builder.mul(i.index, KB)
@@ -137,9 +129,7 @@ def _emit_scores(builder, qp, kp, sp, Dh, H, NB, KB, ns, m, h0, g, kvh, j0, n):
                         builder, (I64(r), ns), (builder.sub(t0, j0), None), (I64(W * b), None)))
 
         def scalar(t):
-            accs = [cgutils.alloca_once(builder, F32) for _ in range(gs)]
-            for a in accs:
-                builder.store(F32(0.0), a)
+            accs = [row[0] for row in _zeroed(builder, F32, gs, 1)]
             kt = kpos(t)
             with cgutils.for_range(builder, Dh) as i:
                 kv = _sload(builder, kp, builder.add(kt, builder.mul(i.index, KB)))
@@ -151,7 +141,7 @@ def _emit_scores(builder, qp, kp, sp, Dh, H, NB, KB, ns, m, h0, g, kvh, j0, n):
                 builder.store(builder.load(a), _at(builder, sp, _mul_add(
                     builder, (I64(r), ns), (builder.sub(t, j0), None))))
         _blocked(builder, j0, hi, vec, scalar, room)
-    _per_g(builder, g, for_g)
+    switch_static(builder, g, G_MAX, for_g, "g")        # one code path per head count
 
 
 def _emit_values(builder, sp, vp, op, Dh, H, n_ctx, ns, m, h0, g, kvh, j0, n):
@@ -161,10 +151,7 @@ def _emit_values(builder, sp, vp, op, Dh, H, n_ctx, ns, m, h0, g, kvh, j0, n):
 
     def for_g(gs):
         def vec(d0, nb):
-            accs = [[cgutils.alloca_once(builder, V16F32) for _ in range(nb)] for _ in range(gs)]
-            for row in accs:
-                for a in row:
-                    builder.store(ir.Constant(V16F32, 0.0), a)
+            accs = _zeroed(builder, V16F32, gs, nb)
             with cgutils.for_range(builder, n) as t:
                 vbase = _mul_add(builder, (t.index, Dh), (vrow, None), (d0, None))
                 vv = [_vload(builder, vp, builder.add(vbase, I64(W * b))) for b in range(nb)]
@@ -179,9 +166,7 @@ def _emit_values(builder, sp, vp, op, Dh, H, n_ctx, ns, m, h0, g, kvh, j0, n):
                             _mul_add(builder, (orow, None), (I64(r), Dh), (d0, None), (I64(W * b), None)))
 
         def scalar(d):
-            accs = [cgutils.alloca_once(builder, F32) for _ in range(gs)]
-            for a in accs:
-                builder.store(F32(0.0), a)
+            accs = [row[0] for row in _zeroed(builder, F32, gs, 1)]
             with cgutils.for_range(builder, n) as t:
                 vv = _sload(builder, vp, _mul_add(builder, (t.index, Dh), (vrow, None), (d, None)))
                 for r, a in enumerate(accs):
@@ -191,7 +176,7 @@ def _emit_values(builder, sp, vp, op, Dh, H, n_ctx, ns, m, h0, g, kvh, j0, n):
                 builder.store(builder.load(a), _at(builder, op, _mul_add(
                     builder, (orow, None), (I64(r), Dh), (d, None))))
         _blocked(builder, I64(0), Dh, vec, scalar)
-    _per_g(builder, g, for_g)
+    switch_static(builder, g, G_MAX, for_g, "g")        # one code path per head count
 
 
 def _args(context, builder, signature, args, n_arrays):

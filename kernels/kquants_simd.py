@@ -303,6 +303,21 @@ def _emit_update(builder, dec: Decoded, u8, vnni: bool, x, m, b, acc):
     return _fma(builder, dec.bias, bsd, acc)
 
 
+def switch_static(builder, value, n_max: int, body, name: str) -> None:
+    """body(k) on a code path of its own for each value k = 1 … n_max of the i64 `value` (a
+    switch; other values do nothing): k is a Python int there, so accumulators sized by it
+    can live in registers."""
+    end = builder.append_basic_block(f"{name}_end")
+    sw = builder.switch(value, end)
+    for k in range(1, n_max + 1):
+        bb = builder.append_basic_block(f"{name}{k}")
+        sw.add_case(I64(k), bb)
+        builder.position_at_end(bb)
+        body(k)
+        builder.branch(end)
+    builder.position_at_end(end)
+
+
 def _prefetch(builder, p):
     """Read prefetch of the cache line at p into all cache levels (prefetcht0)."""
     fn = builder.module.declare_intrinsic(
@@ -376,15 +391,7 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x:
     few = builder.icmp_signed("<=", M, I64(MAX_STATIC_M))
     with builder.if_else(few) as (single, multi):
         with single:
-            sw_end = builder.append_basic_block("static_m_end")
-            sw = builder.switch(M, sw_end)
-            for ms in range(1, MAX_STATIC_M + 1):
-                bb = builder.append_basic_block(f"static_m{ms}")
-                sw.add_case(I64(ms), bb)
-                builder.position_at_end(bb)
-                rows_static(ms)
-                builder.branch(sw_end)
-            builder.position_at_end(sw_end)
+            switch_static(builder, M, MAX_STATIC_M, rows_static, "static_m")
         with multi, cgutils.for_range_slice(builder, lo, hi, tile) as (n0, _):
             nt = smaller(builder.sub(hi, n0), tile)
 
