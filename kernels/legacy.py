@@ -30,7 +30,7 @@ import gguf
 import numpy as np
 from numba import njit, prange
 
-from .legacy_ir import DECODERS, TILE, TILE_ROWS, dot32_lanes
+from .legacy_ir import DECODE_ROWS, DECODERS, TILE, TILE_Q5_0_DECODE, TILE_ROWS, dot32_lanes
 from .q8_act import QK8, half_bits_to_f32, quantize_q8_rows
 
 _T = gguf.GGMLQuantizationType
@@ -42,6 +42,7 @@ M_CHUNK = 32    # activation rows per pass over a decoded tile
 
 _tile_q4_0, _tile_q4_1, _tile_q5_0 = TILE[Q4_0], TILE[Q4_1], TILE[Q5_0]
 _tile_q5_1, _tile_q8_0 = TILE[Q5_1], TILE[Q8_0]
+_tile_q5_0_decode = TILE_Q5_0_DECODE
 _ROWS_Q4_0, _ROWS_Q4_1, _ROWS_Q5_0, _ROWS_Q5_1, _ROWS_Q8_0 = (
     TILE_ROWS[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
 
@@ -49,24 +50,25 @@ _ROWS_Q4_0, _ROWS_Q4_1, _ROWS_Q5_0, _ROWS_Q5_1, _ROWS_Q8_0 = (
 # ---------------------------------------------------------------- quantized matmul driver
 
 @njit(cache=True, nogil=True)
-def _tile_rows(qtype):
-    """Weight rows per tile of ``qtype`` (legacy_ir.TILE_ROWS)."""
+def _tile_rows(qtype, m_rows):
+    """Weight rows per tile of ``qtype`` for m_rows activation rows (legacy_ir.TILE_ROWS;
+    Q5_0 decodes one token with legacy_ir.DECODE_ROWS)."""
     if qtype == Q4_0:
         return _ROWS_Q4_0
     if qtype == Q4_1:
         return _ROWS_Q4_1
     if qtype == Q5_0:
-        return _ROWS_Q5_0
+        return DECODE_ROWS if m_rows == 1 else _ROWS_Q5_0
     if qtype == Q5_1:
         return _ROWS_Q5_1
     return _ROWS_Q8_0
 
 
 @njit(cache=True, nogil=True)
-def _tile_blocks(qtype, w, row0, rs, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc_ms):
-    """All K/32 blocks, in order, of the tile at byte ``row0`` (row stride ``rs``).
-
-    Adds into acc[acc0 + m*acc_ms + r] for m0 <= m < m1, r < rows.  Arrays are flat.
+def _tile_blocks(qtype, rows, w, row0, rs, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc_ms):
+    """All K/32 blocks, in order, of the tile of ``rows`` rows (_tile_rows) at byte ``row0``
+    (row stride ``rs``).  Adds into acc[acc0 + m*acc_ms + r] for m0 <= m < m1, r < rows.
+    Arrays are flat.
     """
     nb = k // QK8
     if qtype == Q4_0:
@@ -75,6 +77,9 @@ def _tile_blocks(qtype, w, row0, rs, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc
     elif qtype == Q4_1:
         for b in range(nb):
             _tile_q4_1(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+    elif qtype == Q5_0 and rows == DECODE_ROWS:
+        for b in range(nb):
+            _tile_q5_0_decode(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
     elif qtype == Q5_0:
         for b in range(nb):
             _tile_q5_0(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
@@ -97,7 +102,7 @@ def _matmul_q8act(qtype, w, xq, xsum, xd, xs, out):
     m_rows, k = xq.shape
     wf, xqf, outf = w.reshape(-1), xq.reshape(-1), out.reshape(-1)
     xsumf, xdf, xsf = xsum.reshape(-1), xd.reshape(-1), xs.reshape(-1)
-    rows = _tile_rows(qtype)
+    rows = _tile_rows(qtype, m_rows)
     n_tiles = n // rows
     for t in prange(n_tiles):
         n0 = t * rows
@@ -106,13 +111,13 @@ def _matmul_q8act(qtype, w, xq, xsum, xd, xs, out):
             for m in range(m0, m1):
                 for r in range(rows):
                     out[m, n0 + r] = np.float32(0.0)
-            _tile_blocks(qtype, wf, n0 * rs, rs, xqf, xsumf, xdf, xsf, k, m0, m1, outf, n0, n)
+            _tile_blocks(qtype, rows, wf, n0 * rs, rs, xqf, xsumf, xdf, xsf, k, m0, m1, outf, n0, n)
     tail = n - n_tiles * rows
     if tail:
         pad = np.zeros((rows, rs), np.uint8)  # zero bytes: d = 0, the lanes are dropped
         pad[:tail] = w[n_tiles * rows:]
         acc = np.zeros(m_rows * rows, np.float32)
-        _tile_blocks(qtype, pad.reshape(-1), 0, rs, xqf, xsumf, xdf, xsf, k, 0, m_rows,
+        _tile_blocks(qtype, rows, pad.reshape(-1), 0, rs, xqf, xsumf, xdf, xsf, k, 0, m_rows,
                      acc, 0, rows)
         for m in range(m_rows):
             for r in range(tail):

@@ -1,7 +1,7 @@
 """SIMD tile kernel for the legacy quants (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) as Numba intrinsics.
 
 ``TILE[qtype](w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)``
-handles one 32-element block ``b`` of R = TILE_ROWS[qtype] (8 or 16) consecutive weight
+handles one 32-element block ``b`` of R = TILE_ROWS[qtype] (16; 8 for Q5_0 at M = 1) consecutive weight
 rows (byte offsets ``row0 + r*rs``, r < R) against activation rows m0 <= m < m1:
 
 1. decode the R blocks ONCE into unsigned codes u (uint8, 32 per row) plus the fp16
@@ -233,8 +233,8 @@ def _q5_cols(builder, wp, offs: list, qh_at: int, qh_bytes):
         rep = _shuf(builder, qh_bytes, qh_bytes, spread)
         bit = ir.Constant(V32I8, [1 << (4 * (c % 2) + i) for _ in range(8) for i in range(4)])
         on = builder.icmp_unsigned("!=", builder.and_(rep, bit), zero)
-        high = builder.select(on, sixteen, zero)
-        out.append(builder.bitcast(builder.or_(builder.bitcast(col, V32I8), high), V8I32))
+        c8 = builder.bitcast(col, V32I8)       # bit 4 is clear: adding 16 sets it (vpaddb {k})
+        out.append(builder.bitcast(builder.select(on, builder.add(c8, sixteen), c8), V8I32))
     return out
 
 
@@ -366,10 +366,14 @@ def make_tile(qtype: int, vnni: bool | None = None, rows: int = 8):
     return tile
 
 
-# Rows per tile: 16 (zmm) halves the per-activation-row work; Q5_0 stays at 8, where LLVM's
-# lowering of the 16-row decode came out ~20% slower for M = 1 (interleaved A/B timing).
-TILE_ROWS = {qt: 8 if qt == int(_T.Q5_0) else 16 for qt in DECODERS}
+# Rows per tile: 16 (zmm) halves the per-activation-row work.  Decoding one token (M = 1)
+# reads Q5_0 in 8-row tiles, where LLVM's lowering of the 16-row decode came out ~10% slower
+# (interleaved A/B); from M = 2 on the 16-row tile wins (M = 2: ~25%, M = 8: 2x).  Lanes never
+# interact, so both give the same bits.
+TILE_ROWS = {qt: 16 for qt in DECODERS}
 TILE = {qt: make_tile(qt, rows=TILE_ROWS[qt]) for qt in DECODERS}
+DECODE_ROWS = 8                                  # Q5_0 tile rows when M == 1
+TILE_Q5_0_DECODE = make_tile(int(_T.Q5_0), rows=DECODE_ROWS)
 
 
 # ------------------------------------------------------------- float32 dot (F32/F16/BF16)
