@@ -66,6 +66,7 @@ def config_kwargs(name: str, draft, a) -> dict:
 def run_set(target, draft, set_name: str, a) -> dict:
     prompts = load_prompts(set_name, a.prompts)
     rows: dict[str, list[dict]] = {c: [] for c in a.configs}
+    answers: dict[str, dict] = {}         # greedy: the one answer of every configuration
     identical = True
     for i, rec in enumerate(prompts):
         ids_by_config = {}
@@ -83,12 +84,15 @@ def run_set(target, draft, set_name: str, a) -> dict:
                                                   if "acceptance" in row else ""), flush=True)
         if a.temp == 0.0:
             identical &= all(v == ids_by_config[a.configs[0]] for v in ids_by_config.values())
+            answers[rec["id"]] = {"prompt_ids": list(out.prompt_ids),
+                                  "ids": list(ids_by_config[a.configs[0]])}
     summary = {c: aggregate(r) for c, r in rows.items()}
     base = summary.get("plain", {}).get("tok_s")
     for c, s in summary.items():
         s["speedup"] = round(s["tok_s"] / base, 3) if base else None
     return {"prompts": [p["id"] for p in prompts], "summary": summary, "runs": rows,
-            "greedy_outputs_identical": identical if a.temp == 0.0 else None}
+            "greedy_outputs_identical": identical if a.temp == 0.0 else None,
+            "answers": answers}   # token ids, for benchmarks/replay.py
 
 
 def plot(results: dict, path: Path) -> None:

@@ -327,16 +327,23 @@ class PromptLookupDrafter:
         """Tokens to copy after a match: n_max, at most copy_ratio tokens per matched token."""
         return n_max if self.copy_ratio == 0 else min(n_max, max(1, int(self.copy_ratio * hit.n)))
 
-    def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
+    def tokens(self, context_ids: Sequence[int], n_max: int) -> list[int]:
+        """The ids `propose` drafts after this context (empty without a match)."""
         hit = self.match(context_ids) if n_max > 0 else None
         if hit is None:
-            return Draft.empty(self.n_vocab, self.source)
+            return []
         n_max = self.copy_len(hit, n_max)
         ids, L, src = self.index.ids, len(context_ids), hit.src
         tokens: list[int] = []
         for k in range(n_max):                        # src + k < L + k: the copy reads ahead of itself
             i = src + k
             tokens.append(ids[i] if i < L else tokens[i - L])
+        return tokens
+
+    def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
+        tokens = self.tokens(context_ids, n_max)
+        if not tokens:
+            return Draft.empty(self.n_vocab, self.source)
         q = np.zeros((len(tokens), self.n_vocab), dtype=np.float64)   # (n, V) one-hot rows
         q[np.arange(len(tokens)), tokens] = 1.0
         return Draft(tuple(tokens), q, self.source)
