@@ -1,7 +1,7 @@
 """Regenerate the README's speed section from the benchmark JSON files.
 
-Reads bandwidth.json, decode.json, verify_curve.json, speculative.json, drafters.json and
-memory.json from --results (whichever exist) and rewrites the block between the
+Reads bandwidth.json, decode.json, verify_curve.json, speculative.json, drafters.json,
+replay.json and memory.json from --results (whichever exist) and rewrites the block between the
 `<!-- speed-table -->` and `<!-- /speed-table -->` markers of README.md.  Plots are copied
 to docs/img/ so that the README can show them.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- speed-table -->", "<!-- /speed-table -->"
-PLOTS = ("decode.png", "verify_curve.png", "speculative.png", "drafters.png")
+PLOTS = ("decode.png", "verify_curve.png", "speculative.png", "drafters.png", "replay.png")
 
 
 def _load(results: Path, name: str) -> dict | None:
@@ -94,6 +94,28 @@ def drafters_lines(dr: dict) -> list[str]:
     return out
 
 
+def replay_lines(rp: dict) -> list[str]:
+    configs = ("model", "prompt-lookup", "hybrid", "lookup-perfect", "hybrid-perfect", "oracle-copy")
+    out = ["| prompt set | | " + " | ".join(configs) + " |",
+           "| --- | --- | " + " | ".join("---:" for _ in configs) + " |"]
+    for s, r in rp["results"].items():
+        out.append(f"| {s} | replayed | " + " | ".join(f"{r['replayed'][c]:.2f}" for c in configs) + " |")
+        out.append(f"| | measured | " + " | ".join(
+            f"{r['measured'][c]:.2f}" if c in r["measured"] else "" for c in configs) + " |")
+    goal, scales, grid = rp["goal"], rp["what_if"]["scales"], rp["what_if"]["best_speedup"]
+    for s, g in grid.items():
+        hits = [(sv, sd) for sv in scales for sd in scales if g[f"{sv}/{sd}"] >= goal]
+        cheapest = max(hits, key=lambda h: h[0] * h[1], default=None)
+        out += ["", f"What if ({s}): the best of lookup and hybrid reaches {goal}x "
+                + (f"when a verification row costs {cheapest[0]}x and a draft pass {cheapest[1]}x "
+                   f"what they cost here, or less (the least reduction on the grid "
+                   f"{', '.join(map(str, scales))} that does)"
+                   if cheapest else f"nowhere on the grid (rows and draft passes down to "
+                   f"{min(scales)}x their measured cost): best {max(g.values()):.2f}x")
+                + "."]
+    return out
+
+
 def _when(d: dict, date: str) -> str:
     """' (run of DATE)' when a result file comes from another run than the header's."""
     return "" if d["machine"]["date"] == date else f" (run of {d['machine']['date']})"
@@ -103,6 +125,7 @@ def build(results: Path) -> str:
     bw, dec = _load(results, "bandwidth.json"), _load(results, "decode.json")
     vc, sp = _load(results, "verify_curve.json"), _load(results, "speculative.json")
     dr, mem = _load(results, "drafters.json"), _load(results, "memory.json")
+    rp = _load(results, "replay.json")
     first = next((d for d in (dec, vc, sp, dr) if d), None)
     if first is None:
         raise SystemExit(f"{results}: no benchmark results (run the benchmarks first)")
@@ -144,6 +167,12 @@ def build(results: Path) -> str:
                       f"{dr['settings']['prompts']} prompts per set, every answer to its end "
                       f"(cap {dr['settings']['n_predict']} tokens), tok/s (speedup over plain, same run; "
                       f"`benchmarks/drafters.py`){_when(dr, date)}:", ""] + drafters_lines(dr)
+    if rp:
+        lines += ["", f"**Replay of those answers** at forward costs measured alongside "
+                      f"(context {rp['context']}: target {rp['target_ms']['1']:.1f} ms for one row, "
+                      f"{rp['target_ms']['9']:.1f} for 9, draft {rp['draft_ms']['1']:.1f}; speedup over "
+                      f"plain; `benchmarks/replay.py`, which explains the bounds){_when(rp, date)}:",
+                  ""] + replay_lines(rp)
     if mem:
         lines += ["", f"**Memory**{_when(mem, date)}: both Qwen models with a {mem['ctx_size']}-token context peak at "
                       f"{mem['peak_rss_bytes'] / 2**20:.0f} MiB resident, "

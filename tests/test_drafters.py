@@ -133,6 +133,7 @@ def test_lookup_incremental_index_equals_brute_force(ops, ngram_max, extra, n_ma
             ctx = ctx[: len(ctx) // 2] + toks
         got = d.propose(ctx, n_max, NumpyRandom(0)).tokens
         assert list(got) == lookup_reference(ctx, n_max, ngram_min, ngram_max, copy_ratio), ctx
+        assert d.tokens(ctx, n_max) == list(got)       # what benchmarks/replay.py replays
 
 
 def resume_reference(ctx, n_max, ngram_min, ngram_max, anchor=4, edit_max=4):
