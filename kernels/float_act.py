@@ -1,9 +1,9 @@
 """Quantized weights × float32 activations: the path that does not round activations.
 
 ``MATMUL_FLOAT_ACT[qtype](w, x, out)``: out[m, n] = dot(dequant(W[n, :]), x[m, :]) with x
-kept in float32.  Each weight row is dequantized into a per-thread buffer of K floats (the
-same bit-exact decoders as the embedding lookup: legacy._dequant_legacy, kquants_dequant, so never a dequantized copy of the matrix),
-then dotted with every activation row in 32 float32 lanes folded in a fixed order
+kept in float32.  Each weight row is dequantized into a per-thread buffer of K floats
+(dequant_simd: bit-exact with gguf.quants, sixteen values per vector; never a dequantized copy
+of the matrix), then dotted with every activation row in 32 float32 lanes folded in a fixed order
 (legacy._dot_f32).  Every (n, m) runs the same operations whatever M is: rows stay
 independent, bitwise.
 
@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import gguf
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
 from . import kquants_dequant as dq
-from .legacy import _dequant_legacy, _dot_f32, _frozen
+from .dequant_simd import DEQUANT_ROW
+from .legacy import _dot_f32, _frozen
 
 _T = gguf.GGMLQuantizationType
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
@@ -35,30 +36,44 @@ BLOCK = {qt: gguf.GGML_QUANT_SIZES[_T(qt)] for qt in
          (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}   # (values, bytes)
 
 
+_dq_q4_0, _dq_q4_1, _dq_q5_0, _dq_q5_1, _dq_q8_0, _dq_q4_k, _dq_q5_k, _dq_q6_k = (
+    DEQUANT_ROW[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K))
+
+
 @njit(cache=True, nogil=True)
 def _dequant_row(qtype, block_bytes, w, ids, buf):
-    """buf (1, K) float32 = dequantized row ids[0] of w, bit-exact with gguf.quants."""
+    """buf (1, K) float32 = dequantized row ids[0] of w, bit-exact with gguf.quants
+    (dequant_simd; Q2_K and Q3_K with the scalar decoders of kquants_dequant)."""
+    n, row = ids[0], buf[0]
     if qtype == Q4_K:
-        dq.get_rows_q4_k(w, ids, buf)
-    elif qtype == Q5_K:
-        dq.get_rows_q5_k(w, ids, buf)
+        _dq_q4_k(w, n, row)
     elif qtype == Q6_K:
-        dq.get_rows_q6_k(w, ids, buf)
+        _dq_q6_k(w, n, row)
+    elif qtype == Q5_0:
+        _dq_q5_0(w, n, row)
+    elif qtype == Q8_0:
+        _dq_q8_0(w, n, row)
+    elif qtype == Q5_K:
+        _dq_q5_k(w, n, row)
+    elif qtype == Q4_0:
+        _dq_q4_0(w, n, row)
+    elif qtype == Q4_1:
+        _dq_q4_1(w, n, row)
+    elif qtype == Q5_1:
+        _dq_q5_1(w, n, row)
     elif qtype == Q3_K:
         dq.get_rows_q3_k(w, ids, buf)
-    elif qtype == Q2_K:
-        dq.get_rows_q2_k(w, ids, buf)
     else:
-        _dequant_legacy(qtype, block_bytes, w[ids[0]], buf[0])
+        dq.get_rows_q2_k(w, ids, buf)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _matmul_float_act(qtype, block_bytes, w, x, out):
-    """out (M, N) = x · dequant(W)ᵀ; prange over chunks of output rows."""
+def _matmul_float_act(qtype, block_bytes, w, x, out, n_chunks):
+    """out (M, N) = x · dequant(W)ᵀ; prange over n_chunks contiguous chunks of output rows
+    (one per thread: each allocates its row buffer once)."""
     n = w.shape[0]
     m_rows, k = x.shape
     xf = x.reshape(-1)                                   # (M * K,)
-    n_chunks = min(n, 64)
     for c in prange(n_chunks):
         buf = np.empty((1, k), np.float32)               # one dequantized weight row
         ids = np.empty(1, np.int64)
@@ -79,7 +94,8 @@ def _fn(qtype: int):
             raise ValueError(f"{_T(qtype).name}: weights of shape {w.shape} do not hold K={k} values")
         if out.shape != (x.shape[0], w.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous float32 array of shape {(x.shape[0], w.shape[0])}")
-        _matmul_float_act(qtype, nbytes, _frozen(w), np.ascontiguousarray(x, np.float32), out)
+        _matmul_float_act(qtype, nbytes, _frozen(w), np.ascontiguousarray(x, np.float32), out,
+                          max(1, min(get_num_threads(), w.shape[0])))
     matmul.__name__ = f"matmul_float_act_{_T(qtype).name.lower()}"
     return matmul
 
