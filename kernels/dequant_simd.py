@@ -10,15 +10,23 @@ order, no fused multiply-add —
     Q4_K, Q5_K  (d · sc) · float(q) − (dmin · mn)                   Q6_K  (d · sc) · float(q − 32)
 
 — only sixteen values at a time: a 16-byte load widened to 16 int32 lanes, the nibble or bit
-fields shifted and masked per lane, converted and scaled.  The float-activation matmul
-(float_act.py) decodes each weight row with these before its float32 dot products, about ten
-times faster than the scalar loops, which remain for Q2_K and Q3_K.
+fields shifted and masked per lane, converted and scaled.  The scalar loops remain for Q2_K
+and Q3_K.
+
+``MATMUL_DOT[qtype](w, x, out, n_chunks)``: the float-activation matmul (float_act.py) for up
+to MAX_FUSED_M activation rows without a row buffer: each chunk of sixteen dequantized values
+goes straight into the 32 float32 lanes of every activation row (two vectors per row, in
+registers), with the lanes, operations and final fold of legacy.dot32_lanes, so the result is
+bitwise what dequantizing the row and calling dot32_lanes gives (the path float_act takes for
+more rows).  Each thread walks its contiguous rows front to back and prefetches
+PREFETCH_BYTES ahead: the decode is compute-heavy enough that, without it, the weights'
+memory latency went unhidden (gemma3 decode step 24 -> 15-17 ms with it).
 """
 from __future__ import annotations
 
 import gguf
 from llvmlite import ir
-from numba import types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -74,9 +82,9 @@ class _Row:
             v = self.b.lshr(v, ir.Constant(V16I32, shift))
         return self.b.and_(v, ir.Constant(V16I32, mask))
 
-    def store(self, index, vals):
-        """out[index : index + 16] = vals (<16 x float>)."""
-        p = self.b.gep(self.out, [index], source_etype=F32)
+    def emit(self, y, off: int, vals):
+        """Values y + off … y + off + 15 of the row are ``vals`` (<16 x float>): stored to out."""
+        p = self.b.gep(self.out, [self.at(y, off)], source_etype=F32)
         self.b.store(vals, self.b.bitcast(p, V16F32.as_pointer()), align=4)
 
     def tofloat(self, v):
@@ -100,7 +108,7 @@ def _legacy(kind: str):
         if kind == "q8_0":
             for h in range(2):
                 v = r.tofloat(r.i8x16(r.at(o, 2 + 16 * h)))
-                r.store(r.at(y, 16 * h), b.fmul(v, d))
+                r.emit(y, 16 * h, b.fmul(v, d))
             return
         mn = r.splat(r.half(r.at(o, 2))) if kind in ("q4_1", "q5_1") else None
         qs_at = {"q4_0": 2, "q4_1": 4, "q5_0": 6, "q5_1": 8}[kind]
@@ -115,7 +123,7 @@ def _legacy(kind: str):
             else:                                # float(q − off) · d
                 off = 8 if kind == "q4_0" else 16
                 val = b.fmul(r.tofloat(b.sub(q, ir.Constant(V16I32, off))), d)
-            r.store(r.at(y, 16 * h), val)
+            r.emit(y, 16 * h, val)
     return block
 
 
@@ -148,7 +156,7 @@ def _q45_k(five: bool):
                 if five:                         # | bit j of qh[16h + i] << 4
                     hb = r.bits(r.byte16(r.at(o, 16 + 16 * h)), j, 1)
                     q = b.or_(q, b.shl(hb, ir.Constant(V16I32, 4)))
-                r.store(r.at(y, 32 * j + 16 * h), b.fsub(b.fmul(dl, r.tofloat(q)), ml))
+                r.emit(y, 32 * j + 16 * h, b.fsub(b.fmul(dl, r.tofloat(q)), ml))
     return block
 
 
@@ -162,7 +170,36 @@ def _q6_k(r: _Row, o, y):
         lo = r.bits(r.byte16(r.at(o, 64 * h + 32 * (k % 2) + l0)), 4 * (k // 2), 0xF)
         hi = r.bits(r.byte16(r.at(o, 128 + 32 * h + l0)), 2 * k, 3)
         q = b.sub(b.or_(lo, b.shl(hi, ir.Constant(V16I32, 4))), ir.Constant(V16I32, 32))
-        r.store(r.at(y, 16 * g), b.fmul(dl, r.tofloat(q)))
+        r.emit(y, 16 * g, b.fmul(dl, r.tofloat(q)))
+
+
+class _Dot(_Row):
+    """Fused emission: each chunk of 16 dequantized values is multiplied by the same 16 values
+    of every activation row m and added to m's lanes — lane l of the 32 (two vectors of 16)
+    takes the values i ≡ l (mod 32), fmul then fadd, as legacy.dot32_lanes does."""
+
+    def __init__(self, builder, f16c, row, x, k, accs):
+        super().__init__(builder, f16c, row, None)
+        self.x, self.k, self.accs = x, k, accs        # accs[m] = (lanes 0-15, lanes 16-31) allocas
+
+    def emit(self, y, off: int, vals):
+        b = self.b
+        for m, pair in enumerate(self.accs):
+            i = b.add(b.mul(I64(m), self.k), self.at(y, off))
+            xp = b.bitcast(b.gep(self.x, [i], source_etype=F32), V16F32.as_pointer())
+            slot = pair[(off // 16) % 2]                # y is a multiple of 32
+            b.store(b.fadd(b.load(slot), b.fmul(vals, b.load(xp, align=4))), slot)
+
+
+def _fold32(builder, lo, hi):
+    """The 32 lanes (lo: 0-15, hi: 16-31) summed as legacy.dot32_lanes folds them:
+    v[j] = (l[j] + l[j+8]) + (l[j+16] + l[j+24]), then ((v0+v1)+(v2+v3)) + ((v4+v5)+(v6+v7))."""
+    def half(v, h):
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 8), list(range(8 * h, 8 * h + 8))))
+    v = builder.fadd(builder.fadd(half(lo, 0), half(lo, 1)), builder.fadd(half(hi, 0), half(hi, 1)))
+    e = [builder.extract_element(v, I32(i)) for i in range(8)]
+    p = [builder.fadd(e[i], e[i + 1]) for i in range(0, 8, 2)]
+    return builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3]))
 
 
 # (values per block, bytes per block, block decoder)
@@ -202,3 +239,122 @@ def make_dequant_row(qtype: int, f16c: bool | None = None):
 
 
 DEQUANT_ROW = {qt: make_dequant_row(qt) for qt in FORMATS}
+
+
+MAX_FUSED_M = 17        # activation rows whose 32 lanes stay in registers (2 vectors each)
+PREFETCH_BYTES = 2048   # how far ahead in its rows' byte stream each block prefetches (gemma3
+#                         decode step: none 24 ms, 512 B 21 ms, 1-4 KB 15-17 ms, 8 KB 17 ms)
+
+
+def make_rows_dot(qtype: int, f16c: bool | None = None):
+    """-> intrinsic ``rows_dot(w, x, out, c, n_chunks)``: out[m, n] = the float32 dot of row n
+    of w, dequantized, with x[m] (32 lanes, legacy.dot32_lanes' order and fold: bitwise what
+    dequant_row + dot32_lanes give), for the rows n of chunk c of n_chunks and all
+    M <= MAX_FUSED_M rows of x (float32 (M, K)); nothing is written to memory but out."""
+    from .kquants_simd import _prefetch, switch_static
+    qk, nbytes, block = FORMATS[qtype]
+    f16c = have_f16c() if f16c is None else f16c
+
+    def rows_dot(typingctx, w, x, out, c, n_chunks):
+        sig = types.void(w, x, out, c, n_chunks)
+
+        def codegen(context, builder, signature, args):
+            wa, xa, oa = (context.make_array(t)(context, builder, value=v)
+                          for t, v in zip(signature.args[:3], args[:3]))
+            c_, nc = (context.cast(builder, v, t, types.int64) for v, t in zip(args[3:], signature.args[3:]))
+            row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
+            M, k = cgutils.unpack_tuple(builder, xa.shape, 2)
+            N = cgutils.unpack_tuple(builder, oa.shape, 2)[1]
+            lo = builder.sdiv(builder.mul(c_, N), nc)
+            hi = builder.sdiv(builder.mul(builder.add(c_, I64(1)), N), nc)
+
+            def body(ms: int):
+                accs = [(cgutils.alloca_once(builder, V16F32), cgutils.alloca_once(builder, V16F32))
+                        for _ in range(ms)]
+                with cgutils.for_range_slice(builder, lo, hi, I64(1)) as (n, _):
+                    row = builder.gep(wa.data, [builder.mul(n, row_bytes)], source_etype=I8)
+                    for pair in accs:
+                        for a in pair:
+                            builder.store(ir.Constant(V16F32, 0.0), a)
+                    r = _Dot(builder, f16c, row, xa.data, k, accs)
+                    with cgutils.for_range(builder, builder.sdiv(k, I64(qk))) as loop:
+                        i = loop.index
+                        o = builder.mul(i, I64(nbytes))
+                        for line in range(0, nbytes, 64):    # the stream ahead (next rows too)
+                            _prefetch(builder, r.ptr(builder.add(o, I64(PREFETCH_BYTES + line))))
+                        block(r, o, builder.mul(i, I64(qk)))
+                    for m, (a0, a1) in enumerate(accs):
+                        o = builder.gep(oa.data, [builder.add(builder.mul(I64(m), N), n)], source_etype=F32)
+                        builder.store(_fold32(builder, builder.load(a0), builder.load(a1)), o)
+            switch_static(builder, M, MAX_FUSED_M, body, "fused_m")
+            return context.get_dummy_value()
+        return sig, codegen
+
+    rows_dot.__name__ = f"rows_dot_{_T(qtype).name.lower()}"
+    return intrinsic(rows_dot)
+
+
+ROWS_DOT = {qt: make_rows_dot(qt) for qt in FORMATS}
+
+
+# ------------------------------------------------------------------------------ drivers
+# matmul_dot_<fmt>(w, x, out, n_chunks): out (M, N) = x · dequant(W)ᵀ for M <= MAX_FUSED_M,
+# prange over n_chunks contiguous chunks of rows.  One driver per format (the kernel is a
+# global constant of its driver), in this file so that an edit of the IR invalidates them.
+
+_dot_q4_0, _dot_q4_1, _dot_q5_0, _dot_q5_1, _dot_q8_0, _dot_q4_k, _dot_q5_k, _dot_q6_k = (
+    ROWS_DOT[int(t)] for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K))
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_dot_q4_0(w, x, out, n_chunks):
+    for c in prange(n_chunks):
+        _dot_q4_0(w, x, out, c, n_chunks)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_dot_q4_1(w, x, out, n_chunks):
+    for c in prange(n_chunks):
+        _dot_q4_1(w, x, out, c, n_chunks)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_dot_q5_0(w, x, out, n_chunks):
+    for c in prange(n_chunks):
+        _dot_q5_0(w, x, out, c, n_chunks)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_dot_q5_1(w, x, out, n_chunks):
+    for c in prange(n_chunks):
+        _dot_q5_1(w, x, out, c, n_chunks)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_dot_q8_0(w, x, out, n_chunks):
+    for c in prange(n_chunks):
+        _dot_q8_0(w, x, out, c, n_chunks)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_dot_q4_k(w, x, out, n_chunks):
+    for c in prange(n_chunks):
+        _dot_q4_k(w, x, out, c, n_chunks)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_dot_q5_k(w, x, out, n_chunks):
+    for c in prange(n_chunks):
+        _dot_q5_k(w, x, out, c, n_chunks)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_dot_q6_k(w, x, out, n_chunks):
+    for c in prange(n_chunks):
+        _dot_q6_k(w, x, out, c, n_chunks)
+
+
+MATMUL_DOT = {int(_T.Q4_0): matmul_dot_q4_0, int(_T.Q4_1): matmul_dot_q4_1,
+              int(_T.Q5_0): matmul_dot_q5_0, int(_T.Q5_1): matmul_dot_q5_1,
+              int(_T.Q8_0): matmul_dot_q8_0, int(_T.Q4_K): matmul_dot_q4_k,
+              int(_T.Q5_K): matmul_dot_q5_k, int(_T.Q6_K): matmul_dot_q6_k}
