@@ -4,9 +4,10 @@
 kept in float32.  Each weight row is dequantized into a per-thread buffer of K floats
 (dequant_simd: bit-exact with gguf.quants, sixteen values per vector; never a dequantized copy
 of the matrix), then dotted with every activation row in 32 float32 lanes folded in a fixed order
-(legacy._dot_f32).  Up to dequant_simd.MAX_FUSED_M activation rows (decoding, verifying) take
-dequant_simd.MATMUL_DOT instead, which does the same operations without the row buffer.  Every
-(n, m) runs the same operations whatever M is: rows stay independent, bitwise.
+(legacy._dot_f32).  The formats dequant_simd decodes (all but Q2_K and Q3_K) take
+dequant_simd.MATMUL_DOT instead, which does the same operations without the row buffer, for up
+to MAX_FUSED_M activation rows per pass over the weights.  Every (n, m) runs the same
+operations whatever M is: rows stay independent, bitwise.
 
 Why it exists: the default kernels round each activation row to 8 bits per block the way
 llama.cpp does (Q8_0 / Q8_1 / Q8_K), which is faster and tracks llama.cpp closely on llama
@@ -97,8 +98,9 @@ def _fn(qtype: int):
             raise ValueError(f"out must be a C-contiguous float32 array of shape {(x.shape[0], w.shape[0])}")
         x = np.ascontiguousarray(x, np.float32)
         n_chunks = max(1, min(get_num_threads(), w.shape[0]))
-        if x.shape[0] <= MAX_FUSED_M and qtype in MATMUL_DOT:
-            MATMUL_DOT[qtype](_frozen(w), x, out, n_chunks)     # no row buffer, same bits
+        if qtype in MATMUL_DOT:         # no row buffer, same bits; rows in passes of 17
+            for m0 in range(0, x.shape[0], MAX_FUSED_M):
+                MATMUL_DOT[qtype](_frozen(w), x[m0:m0 + MAX_FUSED_M], out[m0:m0 + MAX_FUSED_M], n_chunks)
         else:
             _matmul_float_act(qtype, nbytes, _frozen(w), x, out, n_chunks)
     matmul.__name__ = f"matmul_float_act_{_T(qtype).name.lower()}"

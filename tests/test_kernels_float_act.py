@@ -57,13 +57,12 @@ def test_matches_dequantized_within_float32_bound(qtype, seed, m, n, nb):
     assert np.all(err <= bound), float((err - bound).max())
 
 
-@pytest.mark.parametrize("qtype", [T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K, T.Q3_K], ids=lambda t: t.name)
 @SETTINGS
-@given(seed=st.integers(0, 2**32 - 1), m=st.integers(2, 24), n=st.integers(1, 40))
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(2, 40), n=st.integers(1, 40))
 def test_rows_are_independent(qtype, seed, m, n):
-    """out[m] is bitwise the same whatever M, the other rows and the thread count are — also
-    across the two paths: up to 17 rows fused (dequant_simd.MATMUL_DOT), more through a
-    dequantized row buffer."""
+    """out[m] is bitwise the same whatever M, the other rows and the thread count are (fused
+    passes of up to 17 rows, dequant_simd.MATMUL_DOT; Q3_K through a dequantized row buffer)."""
     rng = np.random.default_rng(seed)
     w = weights(rng, qtype, n, 512)
     x = rng.standard_normal((m, 512)).astype(np.float32)
