@@ -25,7 +25,7 @@ The what-if grid scales the measured costs: a verification row costs s_v times w
 here (the extra time of an M-row pass over a one-row pass) and a draft-model pass s_d times,
 to show how much cheaper each would have to be for the hybrid to reach --goal.
 
-    python benchmarks/replay.py --no-mmap --drafters bench-results/drafters.json --out bench-results
+    python benchmarks/replay.py --no-mmap --out bench-results      # reads bench-results/drafters.json
 """
 from __future__ import annotations
 
@@ -162,12 +162,16 @@ def plot(grid: dict, goal: float, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--drafters", default="bench-results/drafters.json",
-                    help="a drafters.py result with recorded answers (greedy run)")
+    ap.add_argument("--drafters", default=None,
+                    help="a drafters.py result with recorded answers (greedy run; default: "
+                         "drafters.json in --out)")
     ap.add_argument("--goal", type=float, default=2.5)
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--no-mmap", action="store_true", help="read the model files into memory")
     a = ap.parse_args()
+    a.drafters = a.drafters or str(Path(a.out) / "drafters.json")
+    if not Path(a.drafters).is_file():
+        raise SystemExit(f"{a.drafters}: no such file (run benchmarks/drafters.py first)")
     src = json.loads(Path(a.drafters).read_text())
     st = src["settings"]
     for k in ("draft_n", "draft_p", "lookup_ngram_min", "lookup_ngram_max", "lookup_copy_ratio", "draft_vocab"):

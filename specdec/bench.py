@@ -277,7 +277,7 @@ def plot_speculative(result: dict, path: Path) -> Path:
     return Path(path)
 
 
-SCRIPTS = ("speculative", "drafters")
+SCRIPTS = ("speculative", "drafters", "replay")   # replay reads the drafters.json of the same folder
 
 
 def run_script(name: str, out_dir: Path, log: Log = print, mmap: bool = True) -> None:
@@ -288,7 +288,8 @@ def run_script(name: str, out_dir: Path, log: Log = print, mmap: bool = True) ->
     script = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
     if name not in SCRIPTS or not script.is_file():
         raise ConfigError(f"--scripts {name}: needs benchmarks/{name}.py of a source checkout")
-    args = [str(script), "--out", str(out_dir)] + ([] if mmap else ["--no-mmap"])
+    # the script runs in benchmarks/: a relative out_dir would land there, not where asked
+    args = [str(script), "--out", str(Path(out_dir).resolve())] + ([] if mmap else ["--no-mmap"])
     log(f"running {' '.join(args)}")
     r = subprocess.run([sys.executable, *args], cwd=script.parent)
     if r.returncode:

@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--threads", type=int, default=0, help="Numba threads (default: all cores)")
     p.add_argument("--no-mmap", action="store_true",
                    help="read the model files into memory instead of mapping them (llama.cpp too)")
-    p.add_argument("--scripts", nargs="+", default=(), choices=("speculative", "drafters"),
+    p.add_argument("--scripts", nargs="+", default=(), choices=("speculative", "drafters", "replay"),
                    help="also run these benchmarks/*.py of a source checkout (their own defaults; long)")
     p = sub.add_parser("info", help="describe a GGUF model")
     p.add_argument("model", help="GGUF path or known id")

@@ -167,6 +167,26 @@ def test_bench_writes_json_and_plots(tiny, tmp_path):
     one_line_error(cli("bench", "--pair", "justone", "-o", tmp_path / "x"), "TARGET:DRAFT")
 
 
+def test_bench_scripts_write_where_asked(tmp_path, monkeypatch):
+    """--scripts runs benchmarks/NAME.py in benchmarks/; a relative -o still means the caller's
+    folder (it used to land under benchmarks/), and replay is one of the scripts."""
+    from pathlib import Path
+
+    from specdec import bench
+    calls = []
+
+    class Done:
+        returncode = 0
+
+    monkeypatch.setattr(subprocess, "run", lambda cmd, cwd=None: calls.append((cmd, cwd)) or Done())
+    monkeypatch.chdir(tmp_path)
+    for name in ("drafters", "replay"):
+        bench.run_script(name, Path("out"), log=lambda *a: None, mmap=False)
+    for (cmd, cwd), name in zip(calls, ("drafters", "replay")):
+        assert cmd[1].endswith(f"benchmarks/{name}.py") and cwd.name == "benchmarks"
+        assert cmd[2:] == ["--out", str(tmp_path / "out"), "--no-mmap"]
+
+
 def test_plots_without_matplotlib_are_one_line(tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None; from specdec.cli import main; "
             f"sys.exit(main(['bench', '--no-speculative', '-m', 'x', '-o', {str(tmp_path)!r}]))")
