@@ -17,8 +17,9 @@ and Q3_K.
 to MAX_FUSED_M activation rows without a row buffer: each chunk of sixteen dequantized values
 goes straight into the 32 float32 lanes of every activation row (two vectors per row, in
 registers), with the lanes, operations and final fold of legacy.dot32_lanes, so the result is
-bitwise what dequantizing the row and calling dot32_lanes gives (the path float_act takes for
-more rows).  Each thread walks its contiguous rows front to back and prefetches
+bitwise what dequantizing the row and calling dot32_lanes gives (float_act's buffered path,
+left for Q2_K and Q3_K; float_act runs more rows in passes of MAX_FUSED_M).  Each thread
+walks its contiguous rows front to back and prefetches
 PREFETCH_BYTES ahead: the decode is compute-heavy enough that, without it, the weights'
 memory latency went unhidden (gemma3 decode step 24 -> 15-17 ms with it).
 """
@@ -30,7 +31,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kquants_simd import _f16_to_f32, have_f16c
+from .kquants_simd import _f16_to_f32, _prefetch, have_f16c, switch_static
 
 I8, I16, I32, I64 = (ir.IntType(b) for b in (8, 16, 32, 64))
 F32 = ir.FloatType()
@@ -251,7 +252,6 @@ def make_rows_dot(qtype: int, f16c: bool | None = None):
     of w, dequantized, with x[m] (32 lanes, legacy.dot32_lanes' order and fold: bitwise what
     dequant_row + dot32_lanes give), for the rows n of chunk c of n_chunks and all
     M <= MAX_FUSED_M rows of x (float32 (M, K)); nothing is written to memory but out."""
-    from .kquants_simd import _prefetch, switch_static
     qk, nbytes, block = FORMATS[qtype]
     f16c = have_f16c() if f16c is None else f16c
 
