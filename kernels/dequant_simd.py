@@ -1,27 +1,26 @@
-"""Row dequantization as SIMD code (Numba intrinsics): 16 values per vector, in value order.
+"""The float-activation matmul's weight decoding as SIMD code (Numba intrinsics): sixteen
+values per vector, in value order, straight into float32 dot products.
 
-``DEQUANT_ROW[qtype](w, n, out)``: out float32 (K,) = row n of w (uint8 (N, row_bytes), raw
-GGUF rows) dequantized, bit-exact with gguf.quants.dequantize and with the scalar decoders
-(legacy._dequant_legacy, kquants_dequant): the same float32 operations per value, in the same
-order, no fused multiply-add —
+``MATMUL_DOT[qtype](w, x, out, n_chunks)``: out (M, N) = x · dequant(W)ᵀ for up to
+MAX_FUSED_M activation rows x (float32 (M, K)); w uint8 (N, row_bytes), raw GGUF rows; prange
+over n_chunks contiguous chunks of rows.  The weights are dequantized bit-exactly as
+gguf.quants.dequantize does (the same float32 operations per value, in the same order, no
+fused multiply-add) —
 
     Q4_0  float(q − 8) · d          Q4_1  d · float(q) + m
     Q5_0  float(q − 16) · d         Q5_1  d · float(q) + m          Q8_0  float(q) · d
     Q4_K, Q5_K  (d · sc) · float(q) − (dmin · mn)                   Q6_K  (d · sc) · float(q − 32)
 
-— only sixteen values at a time: a 16-byte load widened to 16 int32 lanes, the nibble or bit
-fields shifted and masked per lane, converted and scaled.  The scalar loops remain for Q2_K
-and Q3_K.
-
-``MATMUL_DOT[qtype](w, x, out, n_chunks)``: the float-activation matmul (float_act.py) for up
-to MAX_FUSED_M activation rows without a row buffer: each chunk of sixteen dequantized values
-goes straight into the 32 float32 lanes of every activation row (two vectors per row, in
-registers), with the lanes, operations and final fold of legacy.dot32_lanes, so the result is
-bitwise what dequantizing the row and calling dot32_lanes gives (float_act's buffered path,
-left for Q2_K and Q3_K; float_act runs more rows in passes of MAX_FUSED_M).  Each thread
-walks its contiguous rows front to back and prefetches
-PREFETCH_BYTES ahead: the decode is compute-heavy enough that, without it, the weights'
-memory latency went unhidden (gemma3 decode step 24 -> 15-17 ms with it).
+— only sixteen values at a time (a 16-byte load widened to 16 int32 lanes, the nibble or bit
+fields shifted and masked per lane, converted and scaled), and each chunk goes straight into
+the 32 float32 lanes of every activation row (two vectors per row, in registers): lane l adds
+w[i]·x[i] for i ≡ l (mod 32), fmul then fadd, and the lanes fold as legacy.dot32_lanes folds
+them.  So out[m, n] is bitwise the float32 dot of the dequantized row with x[m] in
+dot32_lanes' order, whatever M is (float_act.py runs more rows in passes of MAX_FUSED_M, and
+Q2_K / Q3_K, which have no decoder here, through a dequantized row buffer and dot32_lanes).
+Each thread walks its contiguous rows front to back and prefetches PREFETCH_BYTES ahead: the
+decode is compute-heavy enough that, without it, the weights' memory latency went unhidden
+(gemma3 decode step 24 -> 15-17 ms with it).
 """
 from __future__ import annotations
 
@@ -40,10 +39,11 @@ _T = gguf.GGMLQuantizationType
 
 
 class _Row:
-    """Emission context: the row's i8* and the output's float*."""
+    """Reading one weight row (its i8*); block decoders hand each chunk of 16 values to
+    ``emit(y, off, vals)`` (values y + off … y + off + 15 of the row)."""
 
-    def __init__(self, builder, f16c: bool, row, out):
-        self.b, self.f16c, self.row, self.out = builder, f16c, row, out
+    def __init__(self, builder, f16c: bool, row):
+        self.b, self.f16c, self.row = builder, f16c, row
 
     def ptr(self, off):
         """i8* at byte ``off`` (int or i64 value) of the row."""
@@ -83,10 +83,6 @@ class _Row:
             v = self.b.lshr(v, ir.Constant(V16I32, shift))
         return self.b.and_(v, ir.Constant(V16I32, mask))
 
-    def emit(self, y, off: int, vals):
-        """Values y + off … y + off + 15 of the row are ``vals`` (<16 x float>): stored to out."""
-        p = self.b.gep(self.out, [self.at(y, off)], source_etype=F32)
-        self.b.store(vals, self.b.bitcast(p, V16F32.as_pointer()), align=4)
 
     def tofloat(self, v):
         return self.b.sitofp(v, V16F32)
@@ -180,7 +176,7 @@ class _Dot(_Row):
     takes the values i ≡ l (mod 32), fmul then fadd, as legacy.dot32_lanes does."""
 
     def __init__(self, builder, f16c, row, x, k, accs):
-        super().__init__(builder, f16c, row, None)
+        super().__init__(builder, f16c, row)
         self.x, self.k, self.accs = x, k, accs        # accs[m] = (lanes 0-15, lanes 16-31) allocas
 
     def emit(self, y, off: int, vals):
@@ -211,35 +207,6 @@ FORMATS = {
     int(_T.Q4_K): (256, 144, _q45_k(False)), int(_T.Q5_K): (256, 176, _q45_k(True)),
     int(_T.Q6_K): (256, 210, _q6_k),
 }
-
-
-def make_dequant_row(qtype: int, f16c: bool | None = None):
-    """-> intrinsic ``dequant_row(w, n, out)``: out (K,) float32 = row n of w dequantized."""
-    qk, nbytes, block = FORMATS[qtype]
-    f16c = have_f16c() if f16c is None else f16c
-
-    def dequant_row(typingctx, w, n, out):
-        sig = types.void(w, n, out)
-
-        def codegen(context, builder, signature, args):
-            wa = context.make_array(signature.args[0])(context, builder, value=args[0])
-            oa = context.make_array(signature.args[2])(context, builder, value=args[2])
-            n_ = context.cast(builder, args[1], signature.args[1], types.int64)
-            row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
-            k = cgutils.unpack_tuple(builder, oa.shape, 1)[0]
-            row = builder.gep(wa.data, [builder.mul(n_, row_bytes)], source_etype=I8)
-            r = _Row(builder, f16c, row, oa.data)
-            with cgutils.for_range(builder, builder.sdiv(k, I64(qk))) as loop:
-                i = loop.index
-                block(r, builder.mul(i, I64(nbytes)), builder.mul(i, I64(qk)))
-            return context.get_dummy_value()
-        return sig, codegen
-
-    dequant_row.__name__ = f"dequant_row_{_T(qtype).name.lower()}"
-    return intrinsic(dequant_row)
-
-
-DEQUANT_ROW = {qt: make_dequant_row(qt) for qt in FORMATS}
 
 
 MAX_FUSED_M = 17        # activation rows whose 32 lanes stay in registers (2 vectors each)

@@ -1,13 +1,13 @@
 """Quantized weights × float32 activations: the path that does not round activations.
 
 ``MATMUL_FLOAT_ACT[qtype](w, x, out)``: out[m, n] = dot(dequant(W[n, :]), x[m, :]) with x
-kept in float32.  Each weight row is dequantized into a per-thread buffer of K floats
-(dequant_simd: bit-exact with gguf.quants, sixteen values per vector; never a dequantized copy
-of the matrix), then dotted with every activation row in 32 float32 lanes folded in a fixed order
-(legacy._dot_f32).  The formats dequant_simd decodes (all but Q2_K and Q3_K) take
-dequant_simd.MATMUL_DOT instead, which does the same operations without the row buffer, for up
-to MAX_FUSED_M activation rows per pass over the weights.  Every (n, m) runs the same
-operations whatever M is: rows stay independent, bitwise.
+kept in float32: each weight row dequantized bit-exactly as gguf.quants does (never a
+dequantized copy of the matrix) and dotted with every activation row in 32 float32 lanes
+folded in a fixed order (legacy.dot32_lanes).  dequant_simd.MATMUL_DOT does it in registers,
+sixteen values at a time, for up to MAX_FUSED_M activation rows per pass over the weights;
+Q2_K and Q3_K go through a per-thread row buffer (kquants_dequant) and legacy._dot_f32, the
+same operations.  Every (n, m) runs the same operations whatever M is: rows stay
+independent, bitwise.
 
 Why it exists: the default kernels round each activation row to 8 bits per block the way
 llama.cpp does (Q8_0 / Q8_1 / Q8_K), which is faster and tracks llama.cpp closely on llama
@@ -28,7 +28,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from . import kquants_dequant as dq
-from .dequant_simd import DEQUANT_ROW, MATMUL_DOT, MAX_FUSED_M
+from .dequant_simd import MATMUL_DOT, MAX_FUSED_M
 from .legacy import _dot_f32, _frozen
 
 _T = gguf.GGMLQuantizationType
@@ -38,39 +38,17 @@ BLOCK = {qt: gguf.GGML_QUANT_SIZES[_T(qt)] for qt in
          (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}   # (values, bytes)
 
 
-_dq_q4_0, _dq_q4_1, _dq_q5_0, _dq_q5_1, _dq_q8_0, _dq_q4_k, _dq_q5_k, _dq_q6_k = (
-    DEQUANT_ROW[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K))
-
-
 @njit(cache=True, nogil=True)
-def _dequant_row(qtype, block_bytes, w, ids, buf):
-    """buf (1, K) float32 = dequantized row ids[0] of w, bit-exact with gguf.quants
-    (dequant_simd; Q2_K and Q3_K with the scalar decoders of kquants_dequant)."""
-    n, row = ids[0], buf[0]
-    if qtype == Q4_K:
-        _dq_q4_k(w, n, row)
-    elif qtype == Q6_K:
-        _dq_q6_k(w, n, row)
-    elif qtype == Q5_0:
-        _dq_q5_0(w, n, row)
-    elif qtype == Q8_0:
-        _dq_q8_0(w, n, row)
-    elif qtype == Q5_K:
-        _dq_q5_k(w, n, row)
-    elif qtype == Q4_0:
-        _dq_q4_0(w, n, row)
-    elif qtype == Q4_1:
-        _dq_q4_1(w, n, row)
-    elif qtype == Q5_1:
-        _dq_q5_1(w, n, row)
-    elif qtype == Q3_K:
+def _dequant_row(qtype, w, ids, buf):
+    """buf (1, K) float32 = dequantized row ids[0] of w (Q2_K, Q3_K), bit-exact with gguf."""
+    if qtype == Q3_K:
         dq.get_rows_q3_k(w, ids, buf)
     else:
         dq.get_rows_q2_k(w, ids, buf)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _matmul_float_act(qtype, block_bytes, w, x, out, n_chunks):
+def _matmul_float_act(qtype, w, x, out, n_chunks):
     """out (M, N) = x · dequant(W)ᵀ; prange over n_chunks contiguous chunks of output rows
     (one per thread: each allocates its row buffer once)."""
     n = w.shape[0]
@@ -81,7 +59,7 @@ def _matmul_float_act(qtype, block_bytes, w, x, out, n_chunks):
         ids = np.empty(1, np.int64)
         for row in range(c * n // n_chunks, (c + 1) * n // n_chunks):
             ids[0] = row
-            _dequant_row(qtype, block_bytes, w, ids, buf)
+            _dequant_row(qtype, w, ids, buf)
             for m in range(m_rows):
                 out[m, row] = _dot_f32(buf[0], xf, m, k)
 
@@ -102,7 +80,7 @@ def _fn(qtype: int):
             for m0 in range(0, x.shape[0], MAX_FUSED_M):
                 MATMUL_DOT[qtype](_frozen(w), x[m0:m0 + MAX_FUSED_M], out[m0:m0 + MAX_FUSED_M], n_chunks)
         else:
-            _matmul_float_act(qtype, nbytes, _frozen(w), x, out, n_chunks)
+            _matmul_float_act(qtype, _frozen(w), x, out, n_chunks)
     matmul.__name__ = f"matmul_float_act_{_T(qtype).name.lower()}"
     return matmul
 
