@@ -209,7 +209,9 @@ FORMATS = {
 }
 
 
-MAX_FUSED_M = 17        # activation rows whose 32 lanes stay in registers (2 vectors each)
+MAX_FUSED_M = 8         # activation rows per pass: their 32 lanes (2 vectors each) stay in
+#                         registers; 17 rows spill (gemma3 64-token prompt: passes of 17 rows
+#                         226-236 ms, of 12 188-199, of 8 176-185, of 4 203)
 PREFETCH_BYTES = 2048   # how far ahead in its rows' byte stream each block prefetches (gemma3
 #                         decode step: none 24 ms, 512 B 21 ms, 1-4 KB 15-17 ms, 8 KB 17 ms)
 

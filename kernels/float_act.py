@@ -76,7 +76,7 @@ def _fn(qtype: int):
             raise ValueError(f"out must be a C-contiguous float32 array of shape {(x.shape[0], w.shape[0])}")
         x = np.ascontiguousarray(x, np.float32)
         n_chunks = max(1, min(get_num_threads(), w.shape[0]))
-        if qtype in MATMUL_DOT:         # no row buffer, same bits; rows in passes of 17
+        if qtype in MATMUL_DOT:         # no row buffer, same bits; rows in passes of MAX_FUSED_M
             for m0 in range(0, x.shape[0], MAX_FUSED_M):
                 MATMUL_DOT[qtype](_frozen(w), x[m0:m0 + MAX_FUSED_M], out[m0:m0 + MAX_FUSED_M], n_chunks)
         else:

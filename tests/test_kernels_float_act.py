@@ -59,7 +59,7 @@ def test_matches_dequantized_within_float32_bound(qtype, seed, m, n, nb):
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(2, 40), n=st.integers(1, 40))
 def test_rows_are_independent(qtype, seed, m, n):
     """out[m] is bitwise the same whatever M, the other rows and the thread count are (fused
-    passes of up to 17 rows, dequant_simd.MATMUL_DOT; Q3_K through a dequantized row buffer)."""
+    passes of up to 8 rows, dequant_simd.MATMUL_DOT; Q3_K through a dequantized row buffer)."""
     rng = np.random.default_rng(seed)
     w = weights(rng, qtype, n, 512)
     x = rng.standard_normal((m, 512)).astype(np.float32)
@@ -85,7 +85,7 @@ def test_bad_shapes_are_rejected():
 def test_matches_documented_float_sequence_bitwise(qtype, seed, m, n, nb):
     """Raw bytes (every code, random finite scales) give bit for bit gguf's dequantized row
     dotted with x in legacy.dot32_lanes' 32 float32 lanes and fold: the SIMD decoders of
-    dequant_simd are exact and the fused dot keeps that order, across passes of 17 rows."""
+    dequant_simd are exact and the fused dot keeps that order, across passes of 8 rows."""
     rng = np.random.default_rng(seed)
     k = 256 * nb
     w = make_weights(qtype, n, k, rng, raw=True) if qtype in LEGACY else random_weights(rng, qtype, n, nb)
