@@ -36,16 +36,19 @@ def warm_up(*models) -> float:
     return time.perf_counter() - t
 
 
-def forward_ms(model, n_rows: int, n_past: int = 128, repeats: int = 5) -> float:
-    """Median milliseconds of one forward pass over n_rows tokens after n_past cached ones."""
+def forward_ms(model, n_rows: int, n_past: int = 128, repeats: int = 5,
+               n_logits: int | None = None, last_only: bool = False) -> float:
+    """Median milliseconds of one forward pass over n_rows tokens after n_past cached ones
+    (logits for every row as verification needs them, or last_only as a draft model's
+    catch-up; n_logits: the session computes logits for the first ids only, --draft-vocab)."""
     import time
     import numpy as np
-    s = model.session(n_past + n_rows + 1)
+    s = model.session(n_past + n_rows + 1, n_logits=n_logits)
     s.eval([(17 * i) % 1000 + 100 for i in range(n_past)], last_only=True)
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        s.eval([(31 * i) % 1000 + 100 for i in range(n_rows)])
+        s.eval([(31 * i) % 1000 + 100 for i in range(n_rows)], last_only=last_only)
         times.append(time.perf_counter() - t)
         s.truncate(n_past)
     return float(np.median(times) * 1e3)

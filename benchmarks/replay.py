@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -45,21 +44,11 @@ SCALES = (1.0, 0.75, 0.5, 0.35, 0.25)   # what-if factors for verification rows 
 
 
 def cost_curve(model, n_past: int, n_logits: int | None = None) -> dict[int, float]:
-    """Milliseconds of one forward pass over M rows after n_past cached tokens, M in MS."""
-    if n_logits:                                   # the draft's head over its first ids only
-        s = model.session(n_past + 20, n_logits=n_logits)
-        s.eval(list(range(100, 100 + n_past)), last_only=True)
-        out = {}
-        for m in MS:
-            t = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                s.eval(list(range(200, 200 + m)), last_only=True)
-                t.append(time.perf_counter() - t0)
-                s.truncate(n_past)
-            out[m] = float(np.median(t) * 1e3)
-        return out
-    return {m: forward_ms(model, m, n_past=n_past) for m in MS}
+    """Milliseconds of one forward pass over M rows after n_past cached tokens, M in MS: the
+    target's with logits for every row (verification), the draft's (n_logits given) with the
+    last row's only, over its first n_logits ids (its catch-up passes)."""
+    return {m: forward_ms(model, m, n_past=n_past, n_logits=n_logits, last_only=bool(n_logits))
+            for m in MS}
 
 
 def teacher_forced(draft, prompt_ids: list[int], ids: list[int], n_logits: int):

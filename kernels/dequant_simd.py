@@ -30,7 +30,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kquants_simd import _f16_to_f32, _prefetch, have_f16c, switch_static
+from .kquants_simd import _f16_to_f32, _k4_scales, _prefetch, have_f16c, switch_static
 
 I8, I16, I32, I64 = (ir.IntType(b) for b in (8, 16, 32, 64))
 F32 = ir.FloatType()
@@ -39,11 +39,16 @@ _T = gguf.GGMLQuantizationType
 
 
 class _Row:
-    """Reading one weight row (its i8*); block decoders hand each chunk of 16 values to
-    ``emit(y, off, vals)`` (values y + off … y + off + 15 of the row)."""
+    """One weight row (its i8*) being decoded into the lanes of the activation rows: block
+    decoders read it through the helpers below and hand each chunk of 16 dequantized values
+    to ``emit(y, off, vals)`` (values y + off … y + off + 15 of the row), which multiplies
+    them by the same 16 values of every activation row m and adds them to m's lanes — lane l
+    of the 32 (two vectors of 16) takes the values i ≡ l (mod 32), fmul then fadd, as
+    legacy.dot32_lanes does."""
 
-    def __init__(self, builder, f16c: bool, row):
+    def __init__(self, builder, f16c: bool, row, x, k, accs):
         self.b, self.f16c, self.row = builder, f16c, row
+        self.x, self.k, self.accs = x, k, accs        # accs[m] = (lanes 0-15, lanes 16-31) allocas
 
     def ptr(self, off):
         """i8* at byte ``off`` (int or i64 value) of the row."""
@@ -83,13 +88,20 @@ class _Row:
             v = self.b.lshr(v, ir.Constant(V16I32, shift))
         return self.b.and_(v, ir.Constant(V16I32, mask))
 
-
     def tofloat(self, v):
         return self.b.sitofp(v, V16F32)
 
+    def emit(self, y, off: int, vals):
+        b = self.b
+        for m, pair in enumerate(self.accs):
+            i = b.add(b.mul(I64(m), self.k), self.at(y, off))
+            xp = b.bitcast(b.gep(self.x, [i], source_etype=F32), V16F32.as_pointer())
+            slot = pair[(off // 16) % 2]                # y is a multiple of 32
+            b.store(b.fadd(b.load(slot), b.fmul(vals, b.load(xp, align=4))), slot)
+
 
 # ------------------------------------------------------------------------- legacy blocks
-# One block of 32 at byte o of the row, values out[y : y + 32]; layouts in ggml-common.h.
+# One block of 32 at byte o of the row, its values y … y + 31; layouts in ggml-common.h.
 
 def _qh_bits(r: _Row, qh, first: int):
     """16 lanes: bit (first + lane) of the block's u32 qh, moved to bit 4."""
@@ -125,18 +137,7 @@ def _legacy(kind: str):
 
 
 # ----------------------------------------------------------------------- K-quant blocks
-# One super-block of 256 at byte o, values out[y : y + 256].
-
-def _k4_scale_min(r: _Row, o, j: int):
-    """get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 bytes at o + 4."""
-    b = r.b
-    s = lambda k: r.u8(r.at(o, 4 + k))                                        # noqa: E731
-    if j < 4:
-        return b.and_(s(j), I32(63)), b.and_(s(j + 4), I32(63))
-    sc = b.or_(b.and_(s(j + 4), I32(0xF)), b.shl(b.lshr(s(j - 4), I32(6)), I32(4)))
-    mn = b.or_(b.lshr(s(j + 4), I32(4)), b.shl(b.lshr(s(j), I32(6)), I32(4)))
-    return sc, mn
-
+# One super-block of 256 at byte o, values y … y + 255.
 
 def _q45_k(five: bool):
     """block_q4_K (dequantize_row_q4_K) / block_q5_K (dequantize_row_q5_K)."""
@@ -144,8 +145,9 @@ def _q45_k(five: bool):
         b = r.b
         d, dmin = r.half(o), r.half(r.at(o, 2))
         qs = 48 if five else 16
+        scs, mns = _k4_scales(b, r.ptr(o), 4)    # get_scale_min_k4: sub-block j in lane 2j
         for j in range(8):
-            sc, mn = _k4_scale_min(r, o, j)
+            sc, mn = (b.extract_element(v, I32(2 * j)) for v in (scs, mns))
             dl = r.splat(b.fmul(d, b.sitofp(sc, F32)))
             ml = r.splat(b.fmul(dmin, b.sitofp(mn, F32)))
             for h in range(2):                   # values 32j + 16h + i
@@ -168,24 +170,6 @@ def _q6_k(r: _Row, o, y):
         hi = r.bits(r.byte16(r.at(o, 128 + 32 * h + l0)), 2 * k, 3)
         q = b.sub(b.or_(lo, b.shl(hi, ir.Constant(V16I32, 4))), ir.Constant(V16I32, 32))
         r.emit(y, 16 * g, b.fmul(dl, r.tofloat(q)))
-
-
-class _Dot(_Row):
-    """Fused emission: each chunk of 16 dequantized values is multiplied by the same 16 values
-    of every activation row m and added to m's lanes — lane l of the 32 (two vectors of 16)
-    takes the values i ≡ l (mod 32), fmul then fadd, as legacy.dot32_lanes does."""
-
-    def __init__(self, builder, f16c, row, x, k, accs):
-        super().__init__(builder, f16c, row)
-        self.x, self.k, self.accs = x, k, accs        # accs[m] = (lanes 0-15, lanes 16-31) allocas
-
-    def emit(self, y, off: int, vals):
-        b = self.b
-        for m, pair in enumerate(self.accs):
-            i = b.add(b.mul(I64(m), self.k), self.at(y, off))
-            xp = b.bitcast(b.gep(self.x, [i], source_etype=F32), V16F32.as_pointer())
-            slot = pair[(off // 16) % 2]                # y is a multiple of 32
-            b.store(b.fadd(b.load(slot), b.fmul(vals, b.load(xp, align=4))), slot)
 
 
 def _fold32(builder, lo, hi):
@@ -245,7 +229,7 @@ def make_rows_dot(qtype: int, f16c: bool | None = None):
                     for pair in accs:
                         for a in pair:
                             builder.store(ir.Constant(V16F32, 0.0), a)
-                    r = _Dot(builder, f16c, row, xa.data, k, accs)
+                    r = _Row(builder, f16c, row, xa.data, k, accs)
                     with cgutils.for_range(builder, builder.sdiv(k, I64(qk))) as loop:
                         i = loop.index
                         o = builder.mul(i, I64(nbytes))
