@@ -6,7 +6,9 @@ Arrays in, arrays out: nothing here imports from ``specdec``.  Every kernel is
 Contract of the quantized matmul kernels (``matmul``):
     w    the raw tensor data exactly as stored in the GGUF file, zero-copy:
          uint8 (N, row_bytes) for block-quantized types and BF16,
-         float16 (N, K) for F16, float32 (N, K) for F32
+         float16 (N, K) for F16, float32 (N, K) for F32;
+         for the ``repack.REPACKED`` ids, a legacy-quant tensor rewritten in place (same
+         shape and bytes) into 8-row records (repack.py)
     x    float32 (M, K), C-contiguous activations
     out  float32 (M, N); out[m] depends on x[m] only and is *bitwise identical*
          whatever M is and whatever the other rows hold (row independence).
@@ -15,10 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kquants, legacy
+from . import kquants, legacy, repack
 from .float_act import MATMUL_FLOAT_ACT
 
-MATMUL = {**legacy.MATMUL, **kquants.MATMUL}      # ggml type id -> fn(w, x, out)
+MATMUL = {**legacy.MATMUL, **kquants.MATMUL,      # ggml type id -> fn(w, x, out)
+          **repack.MATMUL}                    # repack.REPACKED ids (in-memory weights)
 GET_ROWS = {**legacy.GET_ROWS, **kquants.GET_ROWS}  # ggml type id -> fn(w, ids, out)
 SUPPORTED_TYPES = frozenset(MATMUL) & frozenset(GET_ROWS)
 

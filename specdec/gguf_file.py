@@ -211,6 +211,28 @@ class GGUFFile:
         n_rows = int(np.prod(info.dims[1:], dtype=np.int64))
         return raw.reshape(n_rows, info.n_bytes // n_rows)               # (rows, row_bytes)
 
+    @property
+    def in_memory(self) -> bool:
+        """True when the file was read into process memory (mmap=False)."""
+        return not isinstance(self._mm, np.memmap)
+
+    def rewrite(self, name: str, fn) -> np.ndarray:
+        """In-memory copy only: replace tensor ``name``'s bytes by ``fn(view)`` (an array of
+        the same shape and dtype, e.g. kernels.repack.repack) and return the view.  The file
+        on disk is never written; a mapped file cannot be rewritten."""
+        if not self.in_memory:
+            raise GGUFError(f"{self.path}: tensor {name!r} can only be rewritten in memory (mmap=False)")
+        view = self.tensor(name)
+        new = fn(view)
+        if new.shape != view.shape or new.dtype != view.dtype:
+            raise ValueError(f"rewrite of {name!r} changed its shape or type")
+        self._mm.setflags(write=True)
+        try:
+            self.tensor(name)[...] = new
+        finally:
+            self._mm.setflags(write=False)
+        return self.tensor(name)
+
     def get(self, key: str, default=None):
         return self.metadata.get(key, default)
 

@@ -13,6 +13,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 import kernels
+from kernels import repack
 from kernels.attention import attention
 from kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_sin, swiglu
 
@@ -24,7 +25,8 @@ from .kv_cache import KVCache
 
 @dataclass(frozen=True)
 class Linear:
-    """y = x · Wᵀ (+ b).   w: raw rows (N, ·) of the file; n_in = K, n_out = N."""
+    """y = x · Wᵀ (+ b).   w: raw rows (N, ·) of the file, or with the file in memory the same
+    bytes in kernels.repack's 8-row records (qtype then a repack.REPACKED id); n_in = K, n_out = N."""
     name: str
     w: np.ndarray
     qtype: int
@@ -85,13 +87,18 @@ class Weights:
         def opt_vec(name, n):
             return vec(name, n) if name in gf.tensors else None
 
-        def lin(name, n_in, n_out, bias=False, exact=False):
+        def lin(name, n_in, n_out, bias=False, exact=False, table=False):
             t = _info(gf, name, (n_in, n_out))
             if t.ggml_type not in kernels.SUPPORTED_TYPES:
                 raise UnsupportedModelError(
                     f"{gf.path}: tensor {name!r} has unsupported type {t.type_name}")
             b = opt_vec(name.replace(".weight", ".bias"), n_out) if bias else None
-            return Linear(name, gf.tensor(name), t.ggml_type, n_in, n_out, b, exact)
+            w, qtype = gf.tensor(name), t.ggml_type
+            if gf.in_memory and not exact and not table and repack.can_repack(qtype, n_out):
+                # weights in process memory: rewrite in place into one stream per 8 rows
+                w = gf.rewrite(name, lambda v: repack.repack(v, t.ggml_type))
+                qtype = repack.REPACKED[t.ggml_type]
+            return Linear(name, w, qtype, n_in, n_out, b, exact)
 
         layers = []
         for i in range(cfg.n_layer):
@@ -112,7 +119,7 @@ class Weights:
                 post_attn_norm=vec(p + "post_attention_norm.weight", D) if gemma else None,
                 post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if gemma else None,
             ))
-        emb = lin("token_embd.weight", D, V)
+        emb = lin("token_embd.weight", D, V, table=True)             # also read by row lookup
         output = lin("output.weight", D, V) if "output.weight" in gf.tensors else emb
         return cls(emb.w, emb.qtype, tuple(layers), vec("output_norm.weight", D), output)
 

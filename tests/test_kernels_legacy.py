@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from kernels import legacy, legacy_ir
+from kernels import legacy, legacy_ir, repack
 from kernels.q8_act import q8_0_bytes, quantize_q8
 
 T = gguf.GGMLQuantizationType
@@ -253,6 +253,25 @@ def test_portable_ir_path_matches_default_path(qt, rows):
     run(w.reshape(-1), act.q.reshape(-1), act.qsum.reshape(-1), act.d.reshape(-1),
         act.s.reshape(-1), 128, acc)
     assert np.array_equal(acc.reshape(3, rows), matmul(w, qt, x))
+
+
+@SETTINGS
+@given(qt=st.sampled_from(QUANTS), seed=st.integers(0, 2 ** 32 - 1), tiles=st.integers(1, 5),
+       nb=st.integers(1, 6), m=st.sampled_from([1, 2, 3, 9, 17, legacy.M_CHUNK + 3]))
+def test_repacked_records_give_the_same_bits(qt, seed, tiles, nb, m):
+    """kernels.repack: the 8-row records fill the tensor's shape and the record matmul is
+    bitwise the GGUF-layout matmul on raw random codes, for
+    8-row tiles (M = 1), 16-row tiles, the odd last 8 rows and more than M_CHUNK rows."""
+    rng = np.random.default_rng(seed)
+    n, k = 8 * tiles, 32 * nb
+    w = make_weights(qt, n, k, rng, raw=True)
+    x = (rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-1, 1, (m, 1))).astype(np.float32)
+    r = repack.repack(w, int(qt))
+    assert r.shape == w.shape and r.dtype == np.uint8
+    got = np.empty((m, n), np.float32)
+    repack.MATMUL[repack.REPACKED[int(qt)]](r, x, got)
+    assert np.array_equal(got.view(np.uint32), matmul(w, qt, x).view(np.uint32))
+    assert repack.can_repack(int(qt), n) and not repack.can_repack(int(qt), n + 4)
 
 
 def test_bad_shapes_and_ids_are_rejected():

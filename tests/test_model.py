@@ -108,17 +108,27 @@ def test_config_from_metadata(tiny_model):
     assert g.sliding_window == 3 and [g.is_local_layer(i) for i in range(6)] == [True] * 5 + [False]
 
 
-def test_no_mmap_reads_one_copy_with_the_same_logits(tiny_model):
-    """mmap=False (--no-mmap): the file is read once into memory, read-only, and the logits
-    are bitwise those of the mapped file."""
+@pytest.mark.parametrize("spec", [SPECS[1], SPECS[2], SPECS[3]], ids=lambda s: T(s.qtype).name)
+def test_no_mmap_reads_one_copy_with_the_same_logits(tiny_model, spec):
+    """mmap=False (--no-mmap): the file is read once into memory, read-only, the legacy-quant
+    layer weights are rewritten in place into kernels.repack's 8-row records (the embedding
+    table is not), and the logits are bitwise those of the mapped file."""
     import specdec
-    m = tiny_model(SPECS[1])
+    from kernels import repack
+    m = tiny_model(spec)
     c = specdec.load(m.path, n_ctx=m.n_ctx, mmap=False)
-    wq = c.weights.layers[0].wq.w
-    base = wq
+    wq = c.weights.layers[0].wq
+    base = wq.w
     while base.base is not None:
         base = base.base
     assert not isinstance(base, np.memmap) and base.size == c.gguf.file_size
-    assert not wq.flags.writeable
+    assert not wq.w.flags.writeable and not c.gguf._mm.flags.writeable
+    legacy = spec.qtype in (T.Q8_0, T.Q4_1)
+    assert (wq.qtype == repack.REPACKED.get(spec.qtype)) == legacy and wq.w.shape == m.weights.layers[0].wq.w.shape
+    assert c.weights.tok_embd_type == spec.qtype
+    assert c.gguf.tensor("token_embd.weight").tobytes() == m.gguf.tensor("token_embd.weight").tobytes()
     ids = [1, 2, 3, 4, 5]
     assert c.session(16).eval(ids).tobytes() == m.session(16).eval(ids).tobytes()
+    s = c.session(16)
+    assert np.concatenate([s.eval(ids[:2]), s.eval(ids[2:3]), s.eval(ids[3:])]).tobytes() == \
+        m.session(16).eval(ids).tobytes()

@@ -1,0 +1,258 @@
+"""Legacy-quant weights repacked into 8-row records: the same bytes, read as one stream.
+
+``legacy.py`` reads a tile of 8 or 16 weight rows block by block, each row ``row_bytes``
+apart: R interleaved streams, which the hardware prefetchers follow poorly, and a transpose
+of every block before the dot products.  When the weights sit in process memory
+(``--no-mmap``) a tensor can be rewritten once at load into records that hold exactly
+the same bytes in the order the tile consumes them:
+
+    record (t, b), at byte (t * nb + b) * REC[qtype], for rows 8t .. 8t+7 and block b:
+        d      8 x fp16            the rows' scales                        16 B
+        m      8 x fp16            the rows' mins (Q4_1 / Q5_1 only)        16 B
+        masks  8 x u32             Q5 formats: bit 4r+i of mask c = the     32 B
+                                   fifth bit of element 4c+i of row r
+        codes  4 x (8 x 4 B)       4/5-bit: vector j, lane r = qs bytes     128 B
+                                   4j..4j+3 of row r (low nibbles: elements 4j+i,
+                                   high: 16+4j+i)
+               8 x (8 x 4 B)       Q8_0: vector c, lane r = bytes 4c..4c+3  256 B
+                                   of row r, xor 0x80 (the unsigned code u)
+
+REC = 8 x the block size (144 / 160 / 176 / 192 / 272 B), so the records of 8 rows fill
+exactly the bytes of those rows: a repacked tensor keeps its shape (N, nb * block) and
+byte count (rows 8t .. 8t+7 hold the records of stream t) and is rewritten in place.
+The tile decodes a record with aligned loads, no transpose and, for the fifth bits, one
+masked byte add per column; the integer dot products and the float updates are those of
+legacy_ir._emit_tile, in the same order, so results are the same bits as the GGUF layout's.
+Repacked types are numbered ``REPACKED[qtype] = 0x100 | qtype`` (never a ggml type).
+"""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .legacy_ir import (F16, I8, I32, V8F32, V8I32, V32I8, Decoded, _emit_tile, _i64, _join,
+                        _load, _vec, have_vnni)
+from .legacy import _check, _frozen
+from .q8_act import QK8, quantize_q8_rows
+
+_T = gguf.GGMLQuantizationType
+I1 = ir.IntType(1)
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
+
+# qtype -> (block bytes, byte of qh in the block or None, byte of qs, has mins, code offset)
+_FORMAT = {
+    Q4_0: (18, None, 2, False, 8), Q4_1: (20, None, 4, True, 0),
+    Q5_0: (22, 2, 6, False, 16), Q5_1: (24, 4, 8, True, 0), Q8_0: (34, None, 2, False, 128),
+}
+REC = {qt: 8 * f[0] for qt, f in _FORMAT.items()}
+REPACKED = {qt: 0x100 | qt for qt in _FORMAT}
+M_CHUNK = 32                     # activation rows per pass over a record (as legacy.M_CHUNK)
+
+
+def can_repack(qtype: int, n_rows: int) -> bool:
+    return qtype in _FORMAT and n_rows % 8 == 0
+
+
+def repack(w: np.ndarray, qtype: int) -> np.ndarray:
+    """GGUF rows (N, nb * block) uint8 -> the same shape holding the records (module
+    docstring): stream t (records (t, 0 .. nb-1)) in rows 8t .. 8t+7."""
+    bb, qh_at, qs_at, mins, _ = _FORMAT[qtype]
+    n, row_bytes = w.shape
+    t, nb = n // 8, row_bytes // bb
+    blk = w.reshape(t, 8, nb, bb).transpose(0, 2, 1, 3)            # (t, b, r, bb)
+    parts = [blk[..., 0:2].reshape(t, nb, 16)]                      # d of rows 0..7
+    if mins:
+        parts.append(blk[..., 2:4].reshape(t, nb, 16))              # m of rows 0..7
+    if qh_at is not None:
+        qh = np.ascontiguousarray(blk[..., qh_at:qh_at + 4]).view("<u4")[..., 0]   # (t, b, r)
+        shift = 4 * np.arange(8, dtype=np.uint32)                   # lane r -> bits 4r..4r+3
+        masks = [(((qh >> np.uint32(4 * c)) & np.uint32(0xF)) << shift).sum(-1, dtype=np.uint32)
+                 for c in range(8)]                                 # 8 x (t, b)
+        parts.append(np.stack(masks, -1).astype("<u4").view(np.uint8).reshape(t, nb, 32))
+    if qtype == Q8_0:
+        codes = blk[..., qs_at:qs_at + 32] ^ np.uint8(0x80)         # (t, b, r, 32) u = w + 128
+        parts.append(codes.reshape(t, nb, 8, 8, 4).transpose(0, 1, 3, 2, 4).reshape(t, nb, 256))
+    else:
+        qs = blk[..., qs_at:qs_at + 16]                             # (t, b, r, 16)
+        parts.append(qs.reshape(t, nb, 8, 4, 4).transpose(0, 1, 3, 2, 4).reshape(t, nb, 128))
+    return np.concatenate(parts, axis=-1).reshape(n, row_bytes)
+
+
+# ------------------------------------------------------------------ record decoder (IR)
+
+def _f16x8_at(builder, wp, off):
+    """8 consecutive fp16 -> <8 x float> (exact)."""
+    return builder.fpext(_load(builder, wp, off, _vec(F16, 8)), V8F32)
+
+
+def _decode(builder, wp, off, qtype: int) -> Decoded:
+    """The record at byte ``off`` -> Decoded (legacy_ir: lane r of cols[c] = codes 4c..4c+3
+    of row r), as legacy_ir's decoders give it from the GGUF layout."""
+    _, qh_at, _, mins, code_off = _FORMAT[qtype]
+    at = lambda k: builder.add(off, _i64(k))                        # noqa: E731
+    d = _f16x8_at(builder, wp, off)
+    m = _f16x8_at(builder, wp, at(16)) if mins else None
+    pos = 32 if mins else 16
+    if qtype == Q8_0:
+        return Decoded([_load(builder, wp, at(pos + 32 * c), V8I32) for c in range(8)], code_off, d, m)
+    masks = None
+    if qh_at is not None:
+        masks = [builder.bitcast(_load(builder, wp, at(pos + 4 * c), I32), _vec(I1, 32)) for c in range(8)]
+        pos += 32
+    nib, four = ir.Constant(V8I32, [0x0F0F0F0F] * 8), ir.Constant(V8I32, [4] * 8)
+    vs = [_load(builder, wp, at(pos + 32 * j), V8I32) for j in range(4)]
+    cols = [builder.and_(v, nib) for v in vs] + [builder.and_(builder.lshr(v, four), nib) for v in vs]
+    if masks is not None:                                           # bit 4 is clear: +16 sets it
+        sixteen = ir.Constant(V32I8, [16] * 32)
+        c8 = [builder.bitcast(c, V32I8) for c in cols]
+        cols = [builder.bitcast(builder.select(k, builder.add(c, sixteen), c), V8I32)
+                for k, c in zip(masks, c8)]
+    return Decoded(cols, code_off, d, m)
+
+
+PREFETCH_BYTES = 1024   # how far ahead in each record stream the tile prefetches
+
+
+def make_tile(qtype: int, rows: int):
+    """Tile intrinsic over ``rows`` (8 or 16) repacked rows: records at byte t0 + b*REC (and,
+    for 16 rows, the next 8-row stream nb*REC further on); otherwise as legacy_ir's tile."""
+    rec, vnni = REC[qtype], have_vnni()
+
+    @intrinsic
+    def tile(typingctx, w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms):
+        sig = types.void(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+
+        def codegen(context, builder, signature, args):
+            def data(i):
+                return context.make_array(signature.args[i])(context, builder, args[i]).data
+
+            def as_i64(i):
+                return context.cast(builder, args[i], signature.args[i], types.int64)
+
+            wp, nb_ = data(0), as_i64(8)
+            offs = [builder.add(as_i64(1), builder.mul(as_i64(2), _i64(rec)))]
+            if rows == 16:
+                offs.append(builder.add(offs[0], builder.mul(nb_, _i64(rec))))
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
+                "llvm.prefetch.p0")
+            for o in offs:
+                for line in range((rec + 63) // 64):
+                    ptr = builder.gep(wp, [builder.add(o, _i64(PREFETCH_BYTES + 64 * line))])
+                    builder.call(fn, [ptr, I32(0), I32(3), I32(1)])
+            decs = [_decode(builder, wp, o, qtype) for o in offs]
+            dec = decs[0]
+            if rows == 16:
+                hi = decs[1]
+                dec = Decoded([_join(builder, a, c) for a, c in zip(dec.cols, hi.cols)], dec.off,
+                              _join(builder, dec.d, hi.d),
+                              None if dec.m is None else _join(builder, dec.m, hi.m))
+            ptrs = (data(3), data(4), data(5), data(6), data(11))
+            ints = (as_i64(2), as_i64(7), nb_, as_i64(9), as_i64(10), as_i64(12), as_i64(13))
+            _emit_tile(builder, dec, vnni, ptrs, ints)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+_t8 = {qt: make_tile(qt, 8) for qt in _FORMAT}
+_t16 = {qt: make_tile(qt, 16) for qt in _FORMAT}
+_t8_q4_0, _t8_q4_1, _t8_q5_0, _t8_q5_1, _t8_q8_0 = (_t8[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
+_t16_q4_0, _t16_q4_1, _t16_q5_0, _t16_q5_1, _t16_q8_0 = (_t16[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
+
+
+# -------------------------------------------------------------------------------- driver
+
+@njit(cache=True, nogil=True)
+def _blocks(qtype, rows, w, t0, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc_ms):
+    """All K/32 records, in order, of the tile of ``rows`` rows whose stream starts at byte
+    t0; adds into acc[acc0 + m*acc_ms + r] for m0 <= m < m1, r < rows (flat arrays)."""
+    nb = k // QK8
+    if rows == 8:
+        if qtype == Q4_0:
+            for b in range(nb):
+                _t8_q4_0(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+        elif qtype == Q4_1:
+            for b in range(nb):
+                _t8_q4_1(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+        elif qtype == Q5_0:
+            for b in range(nb):
+                _t8_q5_0(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+        elif qtype == Q5_1:
+            for b in range(nb):
+                _t8_q5_1(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+        else:
+            for b in range(nb):
+                _t8_q8_0(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+    elif qtype == Q4_0:
+        for b in range(nb):
+            _t16_q4_0(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+    elif qtype == Q4_1:
+        for b in range(nb):
+            _t16_q4_1(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+    elif qtype == Q5_0:
+        for b in range(nb):
+            _t16_q5_0(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+    elif qtype == Q5_1:
+        for b in range(nb):
+            _t16_q5_1(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+    else:
+        for b in range(nb):
+            _t16_q8_0(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _matmul_records(qtype, w, xq, xsum, xd, xs, out):
+    """out (M, N) from Q8 activations and repacked w (N, row_bytes): prange over tiles of 8
+    rows for one activation row, of 16 rows (two record streams) for more, the last 8 rows
+    of an odd number of streams in an 8-row tile."""
+    m_rows, k = xq.shape
+    n = out.shape[1]
+    stream = 8 * w.shape[1]                      # bytes of one 8-row record stream
+    wf, xqf, outf = w.reshape(-1), xq.reshape(-1), out.reshape(-1)
+    xsumf, xdf, xsf = xsum.reshape(-1), xd.reshape(-1), xs.reshape(-1)
+    rows = 8 if m_rows == 1 else 16
+    n_tiles = n // rows
+    n_all = (n + rows - 1) // rows               # + one 8-row tile when 16 does not divide N
+    for t in prange(n_all):
+        n0 = t * rows
+        r_t = rows if t < n_tiles else 8
+        for m0 in range(0, m_rows, M_CHUNK):
+            m1 = min(m_rows, m0 + M_CHUNK)
+            for m in range(m0, m1):
+                for r in range(r_t):
+                    out[m, n0 + r] = np.float32(0.0)
+            _blocks(qtype, r_t, wf, (n0 // 8) * stream, xqf, xsumf, xdf, xsf, k, m0, m1, outf, n0, n)
+
+
+@njit(cache=True, nogil=True)
+def _matmul_quant(qtype, w, x, out):
+    """Quantize x (float32 (M, K)) to Q8_0/Q8_1 blocks and run the record matmul into out."""
+    m_rows, k = x.shape
+    nb = k // QK8
+    xq = np.empty((m_rows, k), np.int8)
+    xd = np.empty((m_rows, nb), np.float32)
+    xsum = np.empty((m_rows, nb), np.int32)
+    xs = np.empty((m_rows, nb), np.float32)
+    quantize_q8_rows(x, xq, xd, xsum, xs)
+    _matmul_records(qtype, w, xq, xsum, xd, xs, out)
+
+
+def _make(qtype: int):
+    block_bytes = _FORMAT[qtype][0]
+
+    def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+        _check(x, out, w.shape[0])
+        if w.shape[1] != x.shape[1] // QK8 * block_bytes or x.shape[1] % QK8 or w.shape[0] % 8:
+            raise ValueError(f"repacked {_T(qtype).name} weight {w.shape} does not match x {x.shape}")
+        _matmul_quant(qtype, _frozen(w), x, out)
+    return matmul
+
+
+MATMUL = {REPACKED[qt]: _make(qt) for qt in _FORMAT}    # repacked type id -> fn(w, x, out)
