@@ -58,28 +58,49 @@ def can_repack(qtype: int, n_rows: int) -> bool:
 
 
 def repack(w: np.ndarray, qtype: int) -> np.ndarray:
-    """GGUF rows (N, nb * block) uint8 -> the same shape holding the records (module
-    docstring): stream t (records (t, 0 .. nb-1)) in rows 8t .. 8t+7."""
+    """GGUF rows (N, nb * block) uint8 -> a new array of the same shape holding the records
+    (module docstring): stream t (records (t, 0 .. nb-1)) in rows 8t .. 8t+7."""
     bb, qh_at, qs_at, mins, _ = _FORMAT[qtype]
-    n, row_bytes = w.shape
-    t, nb = n // 8, row_bytes // bb
-    blk = w.reshape(t, 8, nb, bb).transpose(0, 2, 1, 3)            # (t, b, r, bb)
-    parts = [blk[..., 0:2].reshape(t, nb, 16)]                      # d of rows 0..7
-    if mins:
-        parts.append(blk[..., 2:4].reshape(t, nb, 16))              # m of rows 0..7
-    if qh_at is not None:
-        qh = np.ascontiguousarray(blk[..., qh_at:qh_at + 4]).view("<u4")[..., 0]   # (t, b, r)
-        shift = 4 * np.arange(8, dtype=np.uint32)                   # lane r -> bits 4r..4r+3
-        masks = [(((qh >> np.uint32(4 * c)) & np.uint32(0xF)) << shift).sum(-1, dtype=np.uint32)
-                 for c in range(8)]                                 # 8 x (t, b)
-        parts.append(np.stack(masks, -1).astype("<u4").view(np.uint8).reshape(t, nb, 32))
-    if qtype == Q8_0:
-        codes = blk[..., qs_at:qs_at + 32] ^ np.uint8(0x80)         # (t, b, r, 32) u = w + 128
-        parts.append(codes.reshape(t, nb, 8, 8, 4).transpose(0, 1, 3, 2, 4).reshape(t, nb, 256))
-    else:
-        qs = blk[..., qs_at:qs_at + 16]                             # (t, b, r, 16)
-        parts.append(qs.reshape(t, nb, 8, 4, 4).transpose(0, 1, 3, 2, 4).reshape(t, nb, 128))
-    return np.concatenate(parts, axis=-1).reshape(n, row_bytes)
+    if w.dtype != np.uint8 or w.ndim != 2 or w.shape[0] % 8 or w.shape[1] % bb:
+        raise ValueError(f"cannot repack a {w.dtype} {w.shape} array as {_T(qtype).name}")
+    out = np.empty_like(w)
+    _repack(np.ascontiguousarray(w).reshape(-1), out.reshape(-1), w.shape[0] // 8,
+            w.shape[1] // bb, bb, -1 if qh_at is None else qh_at, qs_at, mins, qtype == Q8_0)
+    return out
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _repack(w, out, n_streams, nb, bb, qh_at, qs_at, mins, q8):
+    """Byte moves of repack: w, out flat uint8; qh_at < 0 when the format has no fifth bits."""
+    rec = 8 * bb
+    for t in prange(n_streams):
+        for b in range(nb):
+            o = (t * nb + b) * rec                       # the record
+            for r in range(8):
+                i = ((8 * t + r) * nb + b) * bb          # block b of row 8t + r
+                out[o + 2 * r] = w[i]                    # d
+                out[o + 2 * r + 1] = w[i + 1]
+                if mins:
+                    out[o + 16 + 2 * r] = w[i + 2]       # m
+                    out[o + 17 + 2 * r] = w[i + 3]
+            pos = o + (32 if mins else 16)
+            if qh_at >= 0:
+                for c in range(8):                       # mask c, bits 4r .. 4r+3 from row r
+                    mask = 0
+                    for r in range(8):
+                        i = ((8 * t + r) * nb + b) * bb + qh_at
+                        qh = (np.int64(w[i]) | (np.int64(w[i + 1]) << 8) | (np.int64(w[i + 2]) << 16)
+                              | (np.int64(w[i + 3]) << 24))
+                        mask |= ((qh >> (4 * c)) & 15) << (4 * r)
+                    for j in range(4):
+                        out[pos + 4 * c + j] = np.uint8((mask >> (8 * j)) & 255)
+                pos += 32
+            n_vec = 8 if q8 else 4                       # code vectors of 8 rows x 4 bytes
+            for v in range(n_vec):
+                for r in range(8):
+                    i = ((8 * t + r) * nb + b) * bb + qs_at + 4 * v
+                    for j in range(4):
+                        out[pos + 32 * v + 4 * r + j] = (w[i + j] ^ np.uint8(0x80)) if q8 else w[i + j]
 
 
 # ------------------------------------------------------------------ record decoder (IR)
