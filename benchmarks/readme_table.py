@@ -95,7 +95,8 @@ def drafters_lines(dr: dict) -> list[str]:
 
 
 def replay_lines(rp: dict) -> list[str]:
-    configs = ("model", "prompt-lookup", "hybrid", "lookup-perfect", "hybrid-perfect", "oracle-copy")
+    configs = [c for c in ("model", "prompt-lookup", "hybrid", "lookup-perfect", "hybrid-perfect",
+                           "any-match", "oracle-copy") if c in next(iter(rp["results"].values()))["replayed"]]
     out = ["| prompt set | | " + " | ".join(configs) + " |",
            "| --- | --- | " + " | ".join("---:" for _ in configs) + " |"]
     for s, r in rp["results"].items():

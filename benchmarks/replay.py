@@ -18,6 +18,11 @@ Configurations:
   lookup-perfect                 lookup that drafts exactly the tokens that will be accepted (a
                                  bound for any draft-length policy on prompt lookup)
   hybrid-perfect                 the same for the hybrid's lookup and model drafts
+  any-match                      among every earlier occurrence of the context's last two
+                                 tokens, the continuation that proves right for longest,
+                                 drafted exactly as far as it is accepted (a bound for any
+                                 n-gram or suffix lookup, several candidates verified at once
+                                 as a tree included, at the cost of one)
   oracle-copy                    lookup where it matches, elsewhere a free and always accepted
                                  draft of --draft-n tokens (a bound for any second drafter)
 
@@ -75,6 +80,18 @@ class Costs:
         return self.s_d * self.d[min(max(rows, 1), max(self.d))]
 
 
+def best_match(seq: list[int], L: int, n: int) -> list[int]:
+    """The longest seq[L:L+k], k <= n, that follows an earlier occurrence of seq[L-2:L]."""
+    a, b, best = seq[L - 2], seq[L - 1], 0
+    for j in range(2, L):
+        if seq[j - 2] == a and seq[j - 1] == b:
+            k = 0
+            while k < n and seq[j + k] == seq[L + k]:
+                k += 1
+            best = max(best, k)
+    return seq[L:L + best]
+
+
 def replay(config: str, prompt_ids: list[int], answer: list[int], tf, costs: Costs, a) -> float:
     """Decode milliseconds of ``config`` producing ``answer`` (its first token comes from the
     prefill; answer ends with the end-of-generation token)."""
@@ -89,7 +106,9 @@ def replay(config: str, prompt_ids: list[int], answer: list[int], tf, costs: Cos
         spent = 0.0
         use_lookup = config in ("prompt-lookup", "lookup-perfect", "oracle-copy") or (
             config.startswith("hybrid") and lookup.match(seq[:L]) is not None)
-        if use_lookup:
+        if config == "any-match":
+            d = best_match(seq, L, n)
+        elif use_lookup:
             d = lookup.tokens(seq[:L], n)
             if not d and config == "oracle-copy":
                 d = seq[L:L + n]                # free, always right
@@ -177,7 +196,7 @@ def main() -> None:
     d_curve = cost_curve(draft, n_past, n_logits=a.draft_vocab)
     print(f"context {n_past}: target M=1 {t_curve[1]:.1f} ms, M=9 {t_curve[9]:.1f}, M=17 "
           f"{t_curve[17]:.1f}; draft M=1 {d_curve[1]:.1f} ms, M=4 {d_curve[4]:.1f}", flush=True)
-    configs = ("model", "prompt-lookup", "hybrid", "lookup-perfect", "hybrid-perfect", "oracle-copy")
+    configs = ("model", "prompt-lookup", "hybrid", "lookup-perfect", "hybrid-perfect", "any-match", "oracle-copy")
     results, grid = {}, {}
     for s, answers in sets.items():
         tfs = {p: teacher_forced(draft, r["prompt_ids"], r["ids"] + [a.eog], a.draft_vocab)

@@ -144,6 +144,8 @@ def load(path_or_id: str | os.PathLike, n_ctx: int | None = None, download: bool
     activations: "q8" (round matmul inputs to 8 bits per block, as llama.cpp), "float" (keep
     them in float32 in the layers), or "auto" (float for gemma3, q8 otherwise).
     mmap: map the file (default; nothing is copied) or, False, read it once into process
-    memory (llama.cpp's --no-mmap: faster decoding where mapped page-cache reads are slow)."""
+    memory (llama.cpp's --no-mmap: faster decoding where mapped page-cache reads are slow),
+    where the legacy-quant layer weights are then rearranged in place into the 8-row records
+    of kernels/repack.py (faster to read, same results bit for bit)."""
     return Model(hub.resolve(str(path_or_id), download=download, progress=progress), n_ctx=n_ctx,
                  activations=activations, mmap=mmap)

@@ -259,8 +259,9 @@ def test_portable_ir_path_matches_default_path(qt, rows):
 @given(qt=st.sampled_from(QUANTS), seed=st.integers(0, 2 ** 32 - 1), tiles=st.integers(1, 5),
        nb=st.integers(1, 6), m=st.sampled_from([1, 2, 3, 9, 17, legacy.M_CHUNK + 3]))
 def test_repacked_records_give_the_same_bits(qt, seed, tiles, nb, m):
-    """kernels.repack: the 8-row records fill the tensor's shape and the record matmul is
-    bitwise the GGUF-layout matmul on raw random codes, for
+    """kernels.repack: the 8-row records fill the tensor's shape, give back the GGUF rows
+    (nothing lost) and the record matmul is bitwise the GGUF-layout matmul on raw random
+    codes, for
     8-row tiles (M = 1), 16-row tiles, the odd last 8 rows and more than M_CHUNK rows."""
     rng = np.random.default_rng(seed)
     n, k = 8 * tiles, 32 * nb
@@ -268,10 +269,37 @@ def test_repacked_records_give_the_same_bits(qt, seed, tiles, nb, m):
     x = (rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-1, 1, (m, 1))).astype(np.float32)
     r = repack.repack(w, int(qt))
     assert r.shape == w.shape and r.dtype == np.uint8
+    assert np.array_equal(_unrepack(r, qt), w)
     got = np.empty((m, n), np.float32)
     repack.MATMUL[repack.REPACKED[int(qt)]](r, x, got)
     assert np.array_equal(got.view(np.uint32), matmul(w, qt, x).view(np.uint32))
     assert repack.can_repack(int(qt), n) and not repack.can_repack(int(qt), n + 4)
+
+
+def _unrepack(r: np.ndarray, qt) -> np.ndarray:
+    """The GGUF rows back from repack's records (module docstring of kernels/repack.py)."""
+    fp16, qh_at, qs_at, _ = LAYOUT[qt]
+    bb = legacy.BLOCK_BYTES[int(qt)]
+    n, row_bytes = r.shape
+    t, nb = n // 8, row_bytes // bb
+    rec = r.reshape(t, nb, 8 * bb)
+    blk = np.empty((t, nb, 8, bb), np.uint8)                       # (t, b, r, bb)
+    pos = 0
+    for o in fp16:                                                 # d, then m
+        blk[..., o:o + 2] = rec[..., pos:pos + 16].reshape(t, nb, 8, 2)
+        pos += 16
+    if qh_at is not None:
+        masks = rec[..., pos:pos + 32].copy().view("<u4")          # (t, b, 8 columns)
+        qh = np.zeros((t, nb, 8), np.uint32)
+        for c in range(8):
+            for row in range(8):
+                qh[..., row] |= ((masks[..., c] >> np.uint32(4 * row)) & np.uint32(15)) << np.uint32(4 * c)
+        blk[..., qh_at:qh_at + 4] = qh.astype("<u4").view(np.uint8).reshape(t, nb, 8, 4)
+        pos += 32
+    n_vec = 8 if qt == T.Q8_0 else 4
+    codes = rec[..., pos:pos + 32 * n_vec].reshape(t, nb, n_vec, 8, 4).transpose(0, 1, 3, 2, 4)
+    blk[..., qs_at:] = codes.reshape(t, nb, 8, 4 * n_vec) ^ np.uint8(0x80 if qt == T.Q8_0 else 0)
+    return blk.transpose(0, 2, 1, 3).reshape(n, row_bytes)
 
 
 def test_bad_shapes_and_ids_are_rejected():
