@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit, prange
 
 from .legacy_ir import DECODE_ROWS, DECODERS, TILE, TILE_Q5_0_DECODE, TILE_ROWS, dot32_lanes
-from .q8_act import QK8, half_bits_to_f32, quantize_q8_rows
+from .q8_act import QK8, half_bits_to_f32, q8_rows
 
 _T = gguf.GGMLQuantizationType
 F32, F16, BF16 = int(_T.F32), int(_T.F16), int(_T.BF16)
@@ -127,13 +127,7 @@ def _matmul_q8act(qtype, w, xq, xsum, xd, xs, out):
 @njit(cache=True, nogil=True)
 def _matmul_quant(qtype, w, x, out):
     """Quantize x (float32 (M, K)) to Q8_0/Q8_1 and run the tiled matmul into out (M, N)."""
-    m_rows, k = x.shape
-    nb = k // QK8
-    xq = np.empty((m_rows, k), np.int8)
-    xd = np.empty((m_rows, nb), np.float32)
-    xsum = np.empty((m_rows, nb), np.int32)
-    xs = np.empty((m_rows, nb), np.float32)
-    quantize_q8_rows(x, xq, xd, xsum, xs)
+    xq, xd, xsum, xs = q8_rows(x)
     _matmul_q8act(qtype, w, xq, xsum, xd, xs, out)
 
 

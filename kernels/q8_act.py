@@ -124,6 +124,19 @@ def quantize_q8_rows(x, xq, xd, xsum, xs):
             xs[m, b] = round_f16(np.float32(total) * d)  # matches quantize_row_q8_1_ref
 
 
+@njit(cache=True, nogil=True)
+def q8_rows(x):
+    """float32 (M, K) -> (xq, xd, xsum, xs) of quantize_q8_rows, in new arrays."""
+    m_rows, k = x.shape
+    nb = k // QK8
+    xq = np.empty((m_rows, k), np.int8)
+    xd = np.empty((m_rows, nb), np.float32)
+    xsum = np.empty((m_rows, nb), np.int32)
+    xs = np.empty((m_rows, nb), np.float32)
+    quantize_q8_rows(x, xq, xd, xsum, xs)
+    return xq, xd, xsum, xs
+
+
 class Q8Act(NamedTuple):
     """Unpacked Q8_0/Q8_1 activations; see the module docstring."""
 
@@ -136,14 +149,9 @@ class Q8Act(NamedTuple):
 def quantize_q8(x: np.ndarray) -> Q8Act:
     """float32 (M, K) -> Q8Act.  K must be a multiple of 32."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    m_rows, k = x.shape
-    if k % QK8:
-        raise ValueError(f"row length {k} is not a multiple of {QK8}")
-    nb = k // QK8
-    act = Q8Act(np.empty((m_rows, k), np.int8), np.empty((m_rows, nb), np.float32),
-                np.empty((m_rows, nb), np.int32), np.empty((m_rows, nb), np.float32))
-    quantize_q8_rows(x, *act)
-    return act
+    if x.shape[1] % QK8:
+        raise ValueError(f"row length {x.shape[1]} is not a multiple of {QK8}")
+    return Q8Act(*q8_rows(x))
 
 
 def q8_0_bytes(act: Q8Act) -> np.ndarray:

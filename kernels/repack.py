@@ -37,7 +37,7 @@ from numba.extending import intrinsic
 from .legacy_ir import (F16, I8, I32, V8F32, V8I32, V32I8, Decoded, _emit_tile, _i64, _join,
                         _load, _vec, have_vnni)
 from .legacy import _check, _frozen
-from .q8_act import QK8, quantize_q8_rows
+from .q8_act import QK8, q8_rows
 
 _T = gguf.GGMLQuantizationType
 I1 = ir.IntType(1)
@@ -255,13 +255,7 @@ def _matmul_records(qtype, w, xq, xsum, xd, xs, out):
 @njit(cache=True, nogil=True)
 def _matmul_quant(qtype, w, x, out):
     """Quantize x (float32 (M, K)) to Q8_0/Q8_1 blocks and run the record matmul into out."""
-    m_rows, k = x.shape
-    nb = k // QK8
-    xq = np.empty((m_rows, k), np.int8)
-    xd = np.empty((m_rows, nb), np.float32)
-    xsum = np.empty((m_rows, nb), np.int32)
-    xs = np.empty((m_rows, nb), np.float32)
-    quantize_q8_rows(x, xq, xd, xsum, xs)
+    xq, xd, xsum, xs = q8_rows(x)
     _matmul_records(qtype, w, xq, xsum, xd, xs, out)
 
 
