@@ -30,7 +30,6 @@ from .q8k import QK_K, quantize_q8_k
 
 _T = gguf.GGMLQuantizationType
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
-TILE = 8               # weight rows per tile when M > MAX_STATIC_M (they share each x block in L1)
 BLOCK_BYTES = {qt: nbytes for qt, (_, nbytes) in DECODERS.items()}   # bytes per 256 values
 
 
@@ -54,8 +53,7 @@ def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: n
     if out.shape != (m, w.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, w.shape[0])}")
     n_chunks = max(1, min(get_num_threads(), w.shape[0]))   # one contiguous chunk per thread
-    acc = np.empty((n_chunks, TILE, m, 16), np.float32)      # lanes of a tile of rows per chunk
-    MATMUL_Q8K[qtype](w, xq, xd, xbs, out, acc, n_chunks)
+    MATMUL_Q8K[qtype](w, xq, xd, xbs, out, n_chunks)
 
 
 def _matmul_fn(qtype: int):

@@ -182,7 +182,8 @@ def test_matmul_matches_dequantized_within_bound(qtype, seed, m, n, nb, log_scal
        nb=st.integers(1, 3))
 def test_matmul_rows_are_independent(qtype, seed, m, n, nb):
     """out[m] is bitwise the same whatever M, the other rows and the thread count are
-    (M up to 24 covers both kernel paths: one per M <= MAX_STATIC_M, and the tiles)."""
+    (M up to 24 covers both kernel paths: one per M <= MAX_STATIC_M, and passes of PASS_M
+    rows; test_matmul_rows_independent_across_passes covers several slices of weight rows)."""
     rng = np.random.default_rng(seed)
     w = random_weights(rng, qtype, n, nb)
     x = rng.standard_normal((m, 256 * nb)).astype(np.float32)
@@ -197,14 +198,29 @@ def test_matmul_rows_are_independent(qtype, seed, m, n, nb):
         np.testing.assert_array_equal(matmul(qtype, w, x), full)
 
 
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_matmul_rows_independent_across_passes(qtype):
+    """M > MAX_STATIC_M with more weight rows than a pass holds (kquants_simd.PASS_ROWS):
+    every row of out bitwise its one-row result, on one thread and on all of them."""
+    rng = np.random.default_rng(int(qtype) + 100)
+    n, m = 2 * kquants_simd.PASS_ROWS + 5, kquants_simd.MAX_STATIC_M + kquants_simd.PASS_M + 3
+    w = random_weights(rng, qtype, n, 2)
+    x = rng.standard_normal((m, 512)).astype(np.float32)
+    full = matmul(qtype, w, x)
+    for i in range(m):
+        np.testing.assert_array_equal(matmul(qtype, w, x[i:i + 1])[0], full[i])
+    with one_thread():
+        np.testing.assert_array_equal(matmul(qtype, w, x), full)
+
+
 def _portable_matmul(qtype):
     """The matmul over the portable code path (no VNNI, no F16C), 3 chunks, serial."""
     chunk = kquants_simd.make_chunk_kernel(int(qtype), vnni=False, f16c=False)
 
     @njit
-    def matmul(w, xq, xd, xbs, out, acc):
+    def matmul(w, xq, xd, xbs, out):
         for c in range(3):
-            chunk(w, xq, xd, xbs, out, acc, c, 3)
+            chunk(w, xq, xd, xbs, out, c, 3)
     return matmul
 
 
@@ -216,7 +232,7 @@ def test_portable_path_matches_native_bitwise(qtype):
     for m in (1, 5):                           # the M = 1 and the M > 1 paths
         xq, xd, xbs = quantize_q8_k(x[:m])
         out = np.empty((m, 7), np.float32)
-        _portable_matmul(qtype)(w, xq, xd, xbs, out, np.empty((3, 2, m, 16), np.float32))
+        _portable_matmul(qtype)(w, xq, xd, xbs, out)
         np.testing.assert_array_equal(out, matmul(qtype, w, x[:m]))
 
 
