@@ -192,7 +192,12 @@ def test_matmul_rows_are_independent(qtype, seed, m, n, nb):
     r = int(rng.integers(m))
     other[r] = x[r]
     np.testing.assert_array_equal(matmul(qtype, w, other)[r], full[r])
-    for i in range(m):
+    _assert_rows_alone_and_serial(qtype, w, x, full)
+
+
+def _assert_rows_alone_and_serial(qtype, w, x, full):
+    """Each row of x alone gives its row of full bitwise, and so does one thread."""
+    for i in range(len(x)):
         np.testing.assert_array_equal(matmul(qtype, w, x[i:i + 1])[0], full[i])
     with one_thread():
         np.testing.assert_array_equal(matmul(qtype, w, x), full)
@@ -206,11 +211,7 @@ def test_matmul_rows_independent_across_passes(qtype):
     n, m = 2 * kquants_simd.PASS_ROWS + 5, kquants_simd.MAX_STATIC_M + kquants_simd.PASS_M + 3
     w = random_weights(rng, qtype, n, 2)
     x = rng.standard_normal((m, 512)).astype(np.float32)
-    full = matmul(qtype, w, x)
-    for i in range(m):
-        np.testing.assert_array_equal(matmul(qtype, w, x[i:i + 1])[0], full[i])
-    with one_thread():
-        np.testing.assert_array_equal(matmul(qtype, w, x), full)
+    _assert_rows_alone_and_serial(qtype, w, x, matmul(qtype, w, x))
 
 
 def _portable_matmul(qtype):
