@@ -8,36 +8,21 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Callable, Sequence
-
-import numpy as np
 
 from . import hub
 from .config import ModelConfig
-from .drafters import Drafter, make_drafter
-from .errors import ConfigError, ContextOverflowError
-from .generate import GenerationResult, Timings, generate_plain
+from .drafters import Drafter
+from .errors import ConfigError
 from .gguf_file import GGUFFile
-from .model import Session, Weights
-from .policies import DraftPolicy, make_policy
-from .sampling import NumpyRandom, SamplerParams
-from .speculative import SpecStats, generate_speculative
+from .model import ModelSession, Weights
+from .policies import DraftPolicy
+from .request import Completion, DraftOptions, Runner
+from .sampling import SamplerParams
 from .tokenizer import Tokenizer
 from .trace import TraceSink
 
 DEFAULT_N_CTX = 4096
-
-
-@dataclass(frozen=True)
-class Completion:
-    """What `generate` returns.  ids exclude the prompt and any end-of-generation token."""
-    ids: list[int]
-    text: str
-    prompt_ids: list[int]
-    timings: Timings
-    stop_reason: str                  # 'eog' | 'n_predict' | 'ctx_full'
-    stats: SpecStats | None = None    # speculative runs only
 
 
 class Model:
@@ -73,10 +58,10 @@ class Model:
         return chat_prompt(self.tokenizer, messages, add_generation_prompt)
 
     # -- numbers -------------------------------------------------------------------------
-    def session(self, n_ctx: int | None = None, n_logits: int | None = None) -> Session:
+    def session(self, n_ctx: int | None = None, n_logits: int | None = None) -> ModelSession:
         """A fresh KV cache over this model's weights (each holds its own context); n_logits:
-        compute the logits of ids below it only (model.Session)."""
-        return Session(self.config, self.weights, int(n_ctx or self.n_ctx), n_logits)
+        compute the logits of ids below it only (model.ModelSession)."""
+        return ModelSession(self.config, self.weights, int(n_ctx or self.n_ctx), n_logits)
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """(len(ids), n_vocab) float32 logits of one fresh forward pass over ids."""
@@ -89,7 +74,7 @@ class Model:
     def generate(self, prompt: str | Sequence[int], n_predict: int = 128, *,
                  temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, seed: int | None = None,
-                 draft: "Model | Drafter | str | None" = None, draft_n: int = 5,
+                 draft: "Model | Drafter | DraftOptions | str | None" = None, draft_n: int = 5,
                  draft_p: float = 0.9, draft_model: "Model | None" = None,
                  draft_policy: "str | DraftPolicy" = "threshold",
                  lookup_ngram_min: int = 2, lookup_ngram_max: int = 16,
@@ -101,7 +86,8 @@ class Model:
         BOS as the metadata says, or a list of ids).  With `draft=` the tokens come from
         speculative decoding, with exactly the target's output law (greedy: the same ids).
 
-        draft: a loaded draft Model, a Drafter object, or a name: 'model' / 'hybrid' (with
+        draft: a loaded draft Model, a Drafter object, DraftOptions (then the draft_* and
+        lookup_* arguments are its fields, not these), or a name: 'model' / 'hybrid' (with
         draft_model=) or 'prompt-lookup' (n-grams of lookup_ngram_min..max tokens; a match of n
         tokens copies at most lookup_copy_ratio · n of them, 0: draft_n); see
         drafters.make_drafter.  draft_policy: 'threshold' (up to draft_n, model drafts stop
@@ -110,31 +96,14 @@ class Model:
         draft_vocab: the draft model computes logits for token ids below it only (a cheaper
         draft over the common tokens; exactness is unaffected); None: all."""
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        options = DraftOptions.of(draft, draft_model, n=draft_n, p=draft_p, policy=draft_policy,
+                                  lookup_ngram_min=lookup_ngram_min,
+                                  lookup_ngram_max=lookup_ngram_max,
+                                  lookup_copy_ratio=lookup_copy_ratio, vocab=draft_vocab)
         params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-        rng = NumpyRandom(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
-        eog = frozenset() if ignore_eos else self.tokenizer.eog_ids
-        n_ctx = int(n_ctx or self.n_ctx)
-        if len(prompt_ids) + 1 > n_ctx:
-            raise ContextOverflowError(
-                f"prompt of {len(prompt_ids)} tokens does not fit --ctx-size {n_ctx}")
-        target = self.session(n_ctx)
-        if draft is None:
-            res = generate_plain(target, prompt_ids, n_predict, params, rng, eog, on_token)
-        else:
-            policy = make_policy(draft_policy, draft_n, draft_p)
-            drafter = make_drafter(draft, self, params, draft_model=draft_model,
-                                   draft_p=policy.p_min, n_ctx=n_ctx,
-                                   lookup_ngram_min=lookup_ngram_min,
-                                   lookup_ngram_max=lookup_ngram_max, draft_vocab=draft_vocab,
-                                   lookup_copy_ratio=lookup_copy_ratio)
-            res = generate_speculative(target, drafter, prompt_ids, n_predict, params, rng, eog,
-                                       policy=policy, on_token=on_token, trace=trace)
-        return _completion(self, prompt_ids, res)
-
-
-def _completion(model: Model, prompt_ids: list[int], res: GenerationResult) -> Completion:
-    return Completion(list(res.ids), model.detokenize(res.ids), prompt_ids, res.timings,
-                      res.stop_reason, res.stats)
+        runner = Runner(self, params, options, seed=seed, ignore_eos=ignore_eos, n_ctx=n_ctx)
+        res = runner.run(prompt_ids, n_predict, on_token=on_token, trace=trace)
+        return runner.completion(prompt_ids, res)
 
 
 def load(path_or_id: str | os.PathLike, n_ctx: int | None = None, download: bool = True,

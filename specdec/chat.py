@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 import numpy as np
 
 from .errors import ChatTemplateError, ConfigError, ContextOverflowError
-from .generate import generate_plain
-from .sampling import NumpyRandom, SamplerParams
-from .speculative import generate_speculative
+from .request import DraftOptions, Runner
+from .sampling import SamplerParams
 
 if TYPE_CHECKING:
-    from .api import Completion, Model
+    from .api import Model
+    from .request import Completion
     from .trace import TraceSink
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
@@ -140,21 +140,17 @@ class Conversation:
                  n_ctx: int | None = None, temperature: float = 0.0, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None,
                  ignore_eos: bool = False, draft_n: int = 5, draft_p: float = 0.9,
-                 draft_policy="threshold", **draft_options):
-        from .drafters import make_drafter
-        from .policies import make_policy
+                 draft_policy="threshold", draft_model=None, draft_vocab: int | None = None,
+                 **lookup):
         self.model = model
         self.system = system
         self.n_ctx = int(n_ctx or model.n_ctx)
-        self.params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-        self.rng = NumpyRandom(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
-        self.eog = frozenset() if ignore_eos else model.tokenizer.eog_ids
-        self.target = model.session(self.n_ctx)
-        self.drafter, self.policy = None, None
-        if draft is not None:
-            self.policy = make_policy(draft_policy, draft_n, draft_p)
-            self.drafter = make_drafter(draft, model, self.params, draft_p=self.policy.p_min,
-                                        n_ctx=self.n_ctx, **draft_options)
+        options = DraftOptions.of(draft, draft_model, n=draft_n, p=draft_p, policy=draft_policy,
+                                  vocab=draft_vocab, **lookup)
+        params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        self.runner = Runner(model, params, options, seed=seed, ignore_eos=ignore_eos,
+                             n_ctx=self.n_ctx)
+        self.target, self.drafter = self.runner.target, self.runner.drafter
         self.messages: list[dict] = []
         self._ids: list[int] = []           # what the target cache holds, row for row
         self.n_reused = 0                   # prompt tokens the last turn took from the cache
@@ -182,7 +178,6 @@ class Conversation:
             trace: "TraceSink | None" = None) -> "Completion":
         """Add a user turn, generate the assistant's answer (streamed through on_token) and
         add it to the conversation."""
-        from .api import _completion
         if not isinstance(text, str):
             raise ConfigError(f"say() takes the user's text, got {type(text).__name__}")
         question = {"role": "user", "content": text}
@@ -201,13 +196,8 @@ class Conversation:
             emitted.append(token)               # after: an interrupted token was not shown
 
         try:
-            if self.drafter is None:
-                res = generate_plain(self.target, ids, n_predict, self.params, self.rng, self.eog,
-                                     record, n_keep=len(self._ids))
-            else:
-                res = generate_speculative(self.target, self.drafter, ids, n_predict, self.params,
-                                           self.rng, self.eog, on_token=record, trace=trace,
-                                           policy=self.policy, n_keep=len(self._ids))
+            res = self.runner.run(ids, n_predict, on_token=record, trace=trace,
+                                  n_keep=len(self._ids))
         except KeyboardInterrupt:           # Ctrl-C: keep the question and the partial answer
             self._settle(ids, emitted, interrupted=True)
             self.messages += [question, {"role": "assistant", "content": self.model.detokenize(emitted)}]
@@ -217,7 +207,7 @@ class Conversation:
             raise
         self._settle(ids, res.ids, interrupted=False)
         self.messages += [question, {"role": "assistant", "content": self.model.detokenize(res.ids)}]
-        return _completion(self.model, ids, res)
+        return self.runner.completion(ids, res)
 
     def _settle(self, prompt_ids: list[int], emitted: list[int], interrupted: bool) -> None:
         """Keep the cache rows known to be right.  Generation started from a cache holding a

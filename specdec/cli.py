@@ -17,10 +17,12 @@ import argparse
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 
 from . import hub
 from .console import COLORS, RESET, detail_lines, summary_line
 from .errors import ConfigError, SpecdecError
+from .policies import DRAFT_N_MAX
 
 EPILOG = """examples:
   specdec run -m qwen2.5-coder-1.5b-instruct-q4_k_m -md qwen2.5-coder-0.5b-instruct \\
@@ -63,7 +65,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="draft model (path or known id) for speculative decoding")
     g.add_argument("--draft-n", "--draft-max", "--spec-draft-n-max", dest="draft_n", type=int, default=5,
                    metavar="N",
-                   help="tokens drafted per step, 1..16 (default: 5)")
+                   help=f"tokens drafted per step, 1..{DRAFT_N_MAX} (default: 5)")
     g.add_argument("--draft-p", "--draft-p-min", dest="draft_p", type=float, default=0.9, metavar="P",
                    help="stop drafting when the draft's top probability is below this (default: 0.9)")
     g.add_argument("--draft", default=None, choices=("model", "prompt-lookup", "hybrid"),
@@ -185,16 +187,19 @@ def _check_run_args(a) -> None:
         raise ConfigError("--trace is for `specdec run` without -cnv")
     if a.n_predict < -1:
         raise ConfigError(f"--n-predict must be >= -1, got {a.n_predict}")
-    if not 1 <= a.draft_n <= 16:
-        raise ConfigError(f"--draft-n must be in 1..16, got {a.draft_n}")
-    if not 0.0 <= a.draft_p <= 1.0:
-        raise ConfigError(f"--draft-p must be in [0, 1], got {a.draft_p}")
     if a.temp < 0:
         raise ConfigError(f"--temp must be >= 0, got {a.temp}")
     if a.ctx_size < 0 or a.threads < 0:
         raise ConfigError("--ctx-size and --threads must be >= 0")
-    from .drafters import check_lookup_options
-    check_lookup_options(a.lookup_ngram_min, a.lookup_ngram_max, a.lookup_copy_ratio)
+
+
+def _draft_options(a):
+    """The run flags' DraftOptions (validated here, before any model is loaded); the draft
+    model is filled in once it is."""
+    from .request import DraftOptions
+    return DraftOptions(kind=a.draft, n=a.draft_n, p=a.draft_p, policy=a.draft_policy,
+                        lookup_ngram_min=a.lookup_ngram_min, lookup_ngram_max=a.lookup_ngram_max,
+                        lookup_copy_ratio=a.lookup_copy_ratio, vocab=a.draft_vocab)
 
 
 def _load(name: str, n_ctx: int, activations: str = "auto", mmap: bool = True):
@@ -219,6 +224,7 @@ def _set_threads(n: int) -> None:
 
 def cmd_run(a) -> int:
     _check_run_args(a)
+    options = _draft_options(a)
     if a.n_gpu_layers is not None:
         _progress("specdec: note: -ngl ignored, specdec runs on the CPU")
     if a.threads:
@@ -232,9 +238,10 @@ def cmd_run(a) -> int:
         prompt = a.prompt if a.prompt is not None else ""
     target = _load(a.model, a.ctx_size, a.activations, not a.no_mmap)
     draft = _load(a.draft_model, a.ctx_size, a.activations, not a.no_mmap) if a.draft_model else None
-    spec = a.draft or ("model" if draft is not None else None)     # who drafts; None: plain
+    if draft is not None:                               # -md alone drafts with the model
+        options = replace(options, kind=options.kind or "model", model=draft)
     if a.conversation:
-        return _chat(a, target, draft, spec, first=prompt or None)
+        return _chat(a, target, options, first=prompt or None)
     text, chat = _model_prompt(a, target, prompt)
     from .printer import TokenPrinter
     from .trace import JsonlTrace
@@ -242,22 +249,18 @@ def cmd_run(a) -> int:
         sys.stdout.write(prompt + ("\n" if chat else ""))
         sys.stdout.flush()
     printer = TokenPrinter(target.tokenizer, sys.stdout, COLORS if a.color else None, RESET)
-    trace = JsonlTrace(a.trace) if (a.trace and spec) else None
+    trace = JsonlTrace(a.trace) if (a.trace and options.enabled) else None
     kw = dict(n_predict=_n_predict(a, target), temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
               min_p=a.min_p, seed=_seed(a), ignore_eos=a.ignore_eos, n_ctx=a.ctx_size or None)
     try:
-        out = target.generate(text, draft=spec, draft_model=draft, draft_n=a.draft_n, draft_p=a.draft_p,
-                              draft_policy=a.draft_policy, lookup_ngram_min=a.lookup_ngram_min,
-                              lookup_ngram_max=a.lookup_ngram_max, draft_vocab=a.draft_vocab,
-                              lookup_copy_ratio=a.lookup_copy_ratio,
-                              on_token=printer, trace=trace, **kw)
+        out = target.generate(text, draft=options, on_token=printer, trace=trace, **kw)
     finally:
         if trace is not None:
             trace.close()
     printer.flush()
     sys.stdout.write("\n")
     sys.stdout.flush()
-    plain = target.generate(text, **kw) if (a.compare and spec) else None
+    plain = target.generate(text, **kw) if (a.compare and options.enabled) else None
     _summary(out, a, plain)
     return 0
 
@@ -296,21 +299,15 @@ def _model_prompt(a, target, prompt: str) -> tuple[str, bool]:
     return target.chat_prompt([*messages, {"role": "user", "content": prompt}]), True
 
 
-def _chat(a, target, draft, spec, first: str | None = None) -> int:
+def _chat(a, target, options, first: str | None = None) -> int:
     """`specdec chat` and `specdec run -cnv`: an interactive Conversation."""
     from .chat import Conversation
     from .console import chat_loop
     if target.tokenizer.chat_template is None:
         _progress(f"specdec: note: {target.name} has no chat template; using ChatML")
-    kw = {}
-    if spec:
-        kw = dict(draft=spec, draft_model=draft, draft_n=a.draft_n, draft_p=a.draft_p,
-                  draft_policy=a.draft_policy, lookup_ngram_min=a.lookup_ngram_min,
-                  lookup_ngram_max=a.lookup_ngram_max, draft_vocab=a.draft_vocab,
-                  lookup_copy_ratio=a.lookup_copy_ratio)
     conv = Conversation(target, system=a.system_prompt, n_ctx=a.ctx_size or None,
                         temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
-                        seed=_seed(a), ignore_eos=a.ignore_eos, **kw)
+                        seed=_seed(a), ignore_eos=a.ignore_eos, draft=options)
     return chat_loop(conv, _n_predict(a, target), first=first, colors=a.color, verbose=a.verbose)
 
 
@@ -341,8 +338,9 @@ def cmd_bench(a) -> int:
             raise ConfigError(f"--pair takes TARGET:DRAFT, got {p!r}")
         pairs.append((target, draft))
     models = [] if a.no_decode else (a.model or bench.DECODE_MODELS)
-    if any(not 1 <= n <= 16 for n in a.draft_n):
-        raise ConfigError(f"--draft-n values must be in 1..16, got {a.draft_n}")
+    from .policies import check_draft_n
+    for n in a.draft_n:
+        check_draft_n(n)
     out_dir = a.out or bench.default_out_dir()
     _progress(f"specdec: benchmark results go to {out_dir}/")
     for path in bench.run(out_dir, models, pairs, n_predict=a.n_predict, draft_ns=a.draft_n,

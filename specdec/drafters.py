@@ -5,14 +5,14 @@ token x_i, the full distribution q_i it was drawn from: speculative sampling is 
 q as long as x_i ~ q_i given the context (Leviathan et al. 2023, Appendix A.1), so a drafter
 is free to be good or bad, but must never lie about q.
 
-Protocol: `propose(context_ids, n_max, rng) -> Draft` with 0 <= n <= n_max tokens, then
-`accept(n_accepted, next_token)` once the target has verified them, and `reset()` between
-requests.  `propose` receives the whole accepted context, so a drafter can always re-derive
-its state from it; the hooks let it keep that cheap.  Optionally `key(context_ids) -> str`
+The `Drafter` base class: `propose(context_ids, n_max, rng) -> Draft` with 0 <= n <= n_max
+tokens, then `accept(n_accepted, next_token)` once the target has verified them, and
+`reset()` between requests.  `propose` receives the whole accepted context, so a drafter can
+always re-derive its state from it; the hooks let it keep that cheap.  `key(context_ids)`
 names the kind of draft the next `propose` on that context will make (a function of the
-context alone), so that a draft-length policy can keep statistics per kind and pick the
-length before drafting (policies.AdaptiveLength); prompt lookup's keys are its match lengths.
-Optionally `prefill(context_ids)` does a drafter's share of the prompt phase (the model
+context alone, None by default), so that a draft-length policy can keep statistics per kind
+and pick the length before drafting (policies.AdaptiveLength); prompt lookup's keys are its
+match lengths.  `prefill(context_ids)` does a drafter's share of the prompt phase (the model
 drafter evaluates the prompt there, timed with the target's prefill as llama.cpp's
 speculative example times its encode phase, not as drafting).
 
@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from .compat import check_compatible
 from .errors import ConfigError
-from .generate import Session
+from .interfaces import Session
+from .policies import check_draft_p
 from .sampling import Rng, SamplerParams, probs, top_prob
 
 
@@ -46,17 +47,32 @@ class Draft:
         return Draft((), np.zeros((0, n_vocab), dtype=np.float64), source)
 
 
-class Drafter(Protocol):
-    n_vocab: int                # V of the q rows: the target's vocabulary size
+class Drafter:
+    """Base of every drafter.  Subclasses implement `propose` and set `n_vocab` (V of the q
+    rows: the target's vocabulary size); the hooks default to doing nothing."""
+    n_vocab: int
+    source = "none"             # Draft.source of what it proposes
 
-    def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft: ...
+    def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
+        """0 <= n <= n_max tokens after the context, each with the q row it was drawn from."""
+        raise NotImplementedError
 
-    def accept(self, n_accepted: int, next_token: int) -> None: ...
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        """The target verified the last proposal: n_accepted of it stand, then next_token."""
 
-    def reset(self) -> None: ...
+    def reset(self) -> None:
+        """Forget every request (a new one follows)."""
+
+    def prefill(self, context_ids: Sequence[int]) -> None:
+        """The drafter's share of the prompt phase (timed with the target's prefill)."""
+
+    def key(self, context_ids: Sequence[int]) -> str | None:
+        """The kind of draft the next `propose` on this context makes (a function of the
+        context alone), for per-kind policy statistics; None: no kinds."""
+        return None
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Drafts with a small model running on its own session (own KV cache).
 
     Tokens are sampled one at a time from q = sampling.probs(draft logits, params), with the
@@ -83,11 +99,10 @@ class ModelDrafter:
 
     def __init__(self, session: Session, params: SamplerParams, draft_p: float = 0.0,
                  n_vocab: int | None = None):
-        if not 0.0 <= draft_p <= 1.0:
-            raise ConfigError(f"--draft-p-min must be in [0, 1], got {draft_p}")
+        check_draft_p(draft_p)
         self.session, self.params, self.draft_p = session, params, float(draft_p)
         self.n_vocab = int(n_vocab if n_vocab is not None else session.n_vocab)
-        self._shared = min(self.n_vocab, getattr(session, "n_logits", session.n_vocab))   # ids it may propose
+        self._shared = min(self.n_vocab, session.n_logits)   # ids it may propose
         self._cached: list[int] = []                        # ids in the draft cache, len == n_past
         self._last: tuple[int, tuple[int, ...]] | None = None   # (context length, drafted) of the last proposal
         session.reset()
@@ -225,7 +240,7 @@ class Match(NamedTuple):
     resumed: bool = False
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Drafts by copying: find the context's last n-gram earlier in the context (prompt or
     output), and propose the tokens that followed it.
 
@@ -352,7 +367,7 @@ class PromptLookupDrafter:
         pass                                          # the next propose indexes the new tokens
 
 
-class HybridDrafter:
+class HybridDrafter(Drafter):
     """Prompt lookup when it has a match, the model drafter otherwise.
 
     Which one drafts is a function of the context alone (never of the rng), so each draft is
@@ -435,9 +450,9 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
         if draft == "hybrid":
             return HybridDrafter(lookup(), model_drafter(draft_model))
         raise ConfigError(f"--draft must be one of {', '.join(DRAFTER_NAMES)}, got {draft!r}")
-    if hasattr(draft, "propose"):
+    if isinstance(draft, Drafter):
         return draft
-    if hasattr(draft, "session"):
+    if hasattr(draft, "session"):                     # a Model (api.py imports this module)
         return model_drafter(draft)
     raise ConfigError(f"draft= takes a Model, a Drafter or one of {', '.join(DRAFTER_NAMES)}; "
                       f"got {type(draft).__name__}")

@@ -1,8 +1,12 @@
-"""Plain autoregressive generation, and the result type shared with speculative decoding.
+"""Plain autoregressive generation.
 
 The prompt is evaluated in one batch, then one token at a time: sample from the last row of
 logits, append, evaluate that token.  Generation stops at an end-of-generation id (which is
-not included in the output), after n_predict tokens, or when the context window is full.
+not included in the output), after n_predict tokens, when the context window is full, or
+when `on_token` returns True (a front-end's stop string; the token is kept).
+
+Written once, as a coroutine over target passes (`plain_steps` yields interfaces.Eval and is
+sent the logits); `generate_plain` drives it alone, the server batches it with others.
 
 Timing convention (shared with specdec.speculative): prompt_s is the batched prompt
 evaluation; decode_s is everything after it, sampling included; tokens_per_s is the number of
@@ -14,48 +18,11 @@ draft's (none here).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Collection, Protocol, Sequence
-
-import numpy as np
+from typing import Collection, Sequence
 
 from .errors import ConfigError, ContextOverflowError
+from .interfaces import Eval, GenerationResult, OnToken, Session, Steps, drive, make_timings
 from .sampling import Rng, SamplerParams, sample
-
-if TYPE_CHECKING:
-    from .speculative import SpecStats
-
-OnToken = Callable[[int, str], None]   # (token_id, kind); kind: 'sampled' | 'accepted' | 'correction' | 'bonus'
-
-
-class Session(Protocol):
-    """What generation needs from a model session (specdec.model.Session)."""
-    n_vocab: int
-    n_ctx: int
-    n_past: int
-
-    def eval(self, tokens: Sequence[int], last_only: bool = False) -> np.ndarray:
-        """Append tokens at n_past..; logits (M, n_vocab) float32, or (1, n_vocab) if last_only."""
-
-    def truncate(self, n: int) -> None: ...
-
-    def reset(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Timings:
-    prompt_s: float
-    decode_s: float
-    tokens_per_s: float
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    ids: list[int]                  # generated token ids, end-of-generation id excluded
-    n_prompt: int
-    timings: Timings
-    stop_reason: str                # 'eog' | 'n_predict' | 'ctx_full'
-    stats: "SpecStats | None" = None
 
 
 def check_request(session: Session, prompt_ids: Sequence[int], n_predict: int) -> None:
@@ -69,10 +36,6 @@ def check_request(session: Session, prompt_ids: Sequence[int], n_predict: int) -
             f"prompt of {len(prompt_ids)} tokens does not fit --ctx-size {session.n_ctx}")
 
 
-def make_timings(prompt_s: float, decode_s: float, n_generated: int) -> Timings:
-    return Timings(prompt_s, decode_s, n_generated / decode_s if decode_s > 0 else 0.0)
-
-
 def kept_prefix(session: Session, prompt_ids: Sequence[int], n_keep: int) -> int:
     """How many cached prompt rows a request reuses: the session is trusted to hold the KV rows
     of prompt_ids[:n_keep] from an earlier request (a conversation's previous turns); at least
@@ -82,13 +45,10 @@ def kept_prefix(session: Session, prompt_ids: Sequence[int], n_keep: int) -> int
     return min(int(n_keep), len(prompt_ids) - 1)
 
 
-def generate_plain(session: Session, prompt_ids: Sequence[int], n_predict: int,
-                   params: SamplerParams, rng: Rng, eog_ids: Collection[int],
-                   on_token: OnToken | None = None, *, n_keep: int = 0) -> GenerationResult:
-    """Sample up to n_predict tokens from the session's model, one forward pass per token.
-
-    n_keep > 0 resumes: the session's first n_keep rows are prompt_ids[:n_keep] (see
-    `kept_prefix`) and only the rest of the prompt is evaluated; the output is unchanged."""
+def plain_steps(session: Session, prompt_ids: Sequence[int], n_predict: int,
+                params: SamplerParams, rng: Rng, eog_ids: Collection[int],
+                on_token: OnToken | None = None, *, n_keep: int = 0) -> Steps:
+    """The coroutine behind `generate_plain`: yields one Eval per target pass."""
     check_request(session, prompt_ids, n_predict)
     keep = kept_prefix(session, prompt_ids, n_keep)
     session.truncate(keep)
@@ -96,7 +56,7 @@ def generate_plain(session: Session, prompt_ids: Sequence[int], n_predict: int,
     if n_predict == 0:
         return GenerationResult(ids, len(prompt_ids), make_timings(0.0, 0.0, 0), "n_predict")
     t0 = time.perf_counter()
-    logits = session.eval(list(prompt_ids[keep:]), last_only=True)[-1]   # (V,)
+    logits = (yield Eval(session, list(prompt_ids[keep:]), True))[-1]      # (V,)
     t1 = time.perf_counter()
     stop = "n_predict"
     while True:
@@ -105,13 +65,25 @@ def generate_plain(session: Session, prompt_ids: Sequence[int], n_predict: int,
             stop = "eog"
             break
         ids.append(token)
-        if on_token is not None:
-            on_token(token, "sampled")
+        if on_token is not None and on_token(token, "sampled"):
+            stop = "stop"
+            break
         if len(ids) >= n_predict:
             break
         if session.n_past >= session.n_ctx:
             stop = "ctx_full"
             break
-        logits = session.eval([token])[-1]                            # (V,)
+        logits = (yield Eval(session, [token]))[-1]                         # (V,)
     t2 = time.perf_counter()
     return GenerationResult(ids, len(prompt_ids), make_timings(t1 - t0, t2 - t1, len(ids)), stop)
+
+
+def generate_plain(session: Session, prompt_ids: Sequence[int], n_predict: int,
+                   params: SamplerParams, rng: Rng, eog_ids: Collection[int],
+                   on_token: OnToken | None = None, *, n_keep: int = 0) -> GenerationResult:
+    """Sample up to n_predict tokens from the session's model, one forward pass per token.
+
+    n_keep > 0 resumes: the session's first n_keep rows are prompt_ids[:n_keep] (see
+    `kept_prefix`) and only the rest of the prompt is evaluated; the output is unchanged."""
+    return drive(plain_steps(session, prompt_ids, n_predict, params, rng, eog_ids, on_token,
+                             n_keep=n_keep))

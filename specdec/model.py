@@ -20,6 +20,7 @@ from kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_si
 from .config import ROPE_NEOX, ModelConfig
 from .errors import ConfigError, GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
+from .interfaces import Session
 from .kv_cache import KVCache
 
 
@@ -193,8 +194,9 @@ def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, st
     return logits
 
 
-class Session:
-    """One model plus its own KV cache: the unit that generation and speculation drive.
+class ModelSession(Session):
+    """One model plus its own KV cache: the engine's interfaces.Session, the unit that
+    generation and speculation drive.
 
     eval(tokens) appends tokens at positions n_past.. and returns their logits (M, n_logits);
     truncate(n) rolls the cache back to its first n tokens in O(1).

@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
-
 from .errors import ConfigError
 
 DRAFT_N_MAX = 16
@@ -65,44 +63,44 @@ class StepFeedback:
     key: str | None = None  # the drafter's key(context) for the step, when it has one
 
 
-class DraftPolicy(Protocol):
+class DraftPolicy:
+    """Base of every draft-length policy: `next_n()` in 0..n_max before each step; the hooks
+    default to doing nothing."""
     n_max: int              # the largest n next_n ever returns
-    p_min: float            # confidence floor for model drafters (0: never stop early)
+    p_min: float = 0.0      # confidence floor for model drafters (0: never stop early)
 
-    def reset(self) -> None: ...
+    def next_n(self) -> int:
+        raise NotImplementedError
 
-    def next_n(self) -> int: ...
+    def reset(self) -> None:
+        """A new request starts."""
 
-    def observe(self, fb: StepFeedback) -> None: ...
+    def prepare(self, key: str | None) -> None:
+        """The drafter's key of the coming step (None: the drafter has no kinds)."""
 
-    # optional: `prepare(key: str) -> None`, told the drafter's key of the coming step
+    def observe(self, fb: StepFeedback) -> None:
+        """What the step just verified saw."""
 
 
 def check_draft_n(draft_n: int) -> None:
     if int(draft_n) != draft_n or not 1 <= draft_n <= DRAFT_N_MAX:
-        raise ConfigError(f"--draft-max must be in 1..{DRAFT_N_MAX}, got {draft_n}")
+        raise ConfigError(f"--draft-n (--draft-max) must be in 1..{DRAFT_N_MAX}, got {draft_n}")
 
 
-def _check_p(p_min: float) -> None:
-    if not 0.0 <= p_min <= 1.0:
-        raise ConfigError(f"--draft-p-min must be in [0, 1], got {p_min}")
+def check_draft_p(p_min: float) -> None:
+    if not 0.0 <= p_min <= 1.0:                                      # (NaN fails)
+        raise ConfigError(f"--draft-p (--draft-p-min) must be in [0, 1], got {p_min}")
 
 
-class FixedLength:
+class FixedLength(DraftPolicy):
     """Draft n tokens every step."""
 
     def __init__(self, n: int):
         check_draft_n(n)
         self.n_max, self.p_min = int(n), 0.0
 
-    def reset(self) -> None:
-        pass
-
     def next_n(self) -> int:
         return self.n_max
-
-    def observe(self, fb: StepFeedback) -> None:
-        pass
 
 
 class Threshold(FixedLength):
@@ -110,7 +108,7 @@ class Threshold(FixedLength):
 
     def __init__(self, n: int, p_min: float):
         super().__init__(n)
-        _check_p(p_min)
+        check_draft_p(p_min)
         self.p_min = float(p_min)
 
 
@@ -175,7 +173,7 @@ class _Estimates:
         return a, b
 
 
-class AdaptiveLength:
+class AdaptiveLength(DraftPolicy):
     """n maximising expected tokens per second (module docstring); n in n_min..n_max.
 
     alpha_prior / alpha_decay: starting acceptance and its EMA weight per verified position;
@@ -205,8 +203,8 @@ class AdaptiveLength:
         self._next_key: str | None = None
         self.history: list[int] = []                       # n returned by each next_n
 
-    def prepare(self, key: str) -> None:
-        """The coming step's drafter key (see the module docstring)."""
+    def prepare(self, key: str | None) -> None:
+        """The coming step's drafter key (see the module docstring; None: as the last step's)."""
         self._next_key = key
 
     def next_n(self) -> int:
@@ -275,7 +273,7 @@ class AdaptiveLength:
 def make_policy(policy: "str | DraftPolicy", draft_n: int = 5, draft_p: float = 0.9) -> DraftPolicy:
     """A policy object from a name: 'fixed' (draft_n), 'threshold' (draft_n, draft_p) or
     'adaptive' (n in 1..draft_n); a policy object is returned unchanged."""
-    if not isinstance(policy, str):
+    if isinstance(policy, DraftPolicy):
         check_draft_n(policy.n_max)
         return policy
     if policy == "fixed":
@@ -284,4 +282,5 @@ def make_policy(policy: "str | DraftPolicy", draft_n: int = 5, draft_p: float = 
         return Threshold(draft_n, draft_p)
     if policy == "adaptive":
         return AdaptiveLength(n_max=draft_n, n_init=min(4, draft_n))
-    raise ConfigError(f"--draft-policy must be one of {', '.join(POLICY_NAMES)}, got {policy!r}")
+    raise ConfigError(f"--draft-policy must be one of {', '.join(POLICY_NAMES)} or a DraftPolicy, "
+                      f"got {policy!r}")

@@ -162,6 +162,11 @@ class NumpyRandom:
     def __init__(self, seed: int | np.random.Generator):
         self.gen = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
+    @classmethod
+    def from_seed(cls, seed: int | None) -> "NumpyRandom":
+        """A request's generator: seeded, or (None) from fresh OS entropy."""
+        return cls(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
+
     def bernoulli(self, prob: float) -> bool:
         if prob >= 1.0:
             return True

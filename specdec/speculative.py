@@ -10,14 +10,18 @@ token; each step feeds that token followed by the n drafted ones, so one eval of
 gives p for every drafted position plus one beyond (the bonus).  The prompt is prefilled
 without its last token for the same reason.
 
+Written once, as a coroutine over target passes (`speculative_steps` yields interfaces.Eval
+and is sent the logits); `generate_speculative` drives it alone, the server batches it with
+other requests.  The step stops early when `on_token` returns True (a stop string).
+
 Per step at most n_predict - generated tokens are emitted (the draft is capped at one less),
 and nothing after an end-of-generation token.  Timings: prompt_s covers the prefill of all
-prompt tokens but the last, the target's and the drafter's (`drafter.prefill`, optional);
+prompt tokens but the last, the target's and the drafter's (`drafter.prefill`);
 decode_s everything after it (drafting included).
 
 How many tokens to draft is the policy's choice (specdec.policies): told the drafter's key
-for the step when both have one (`drafter.key(ctx)`, `policy.prepare(key)`), asked before
-each step, told the outcome and the measured draft / verify times after it.  The clock is injected
+for the step (`drafter.key(ctx)`, `policy.prepare(key)`; None when the drafter has none),
+asked before each step, told the outcome and the measured draft / verify times after it.  The clock is injected
 (`clock=`) so that tests can make timing-driven policies deterministic.
 """
 from __future__ import annotations
@@ -30,46 +34,95 @@ import numpy as np
 
 from .drafters import Draft, Drafter
 from .errors import IncompatibleDraftError
-from .generate import GenerationResult, OnToken, Session, check_request, kept_prefix, make_timings
+from .generate import check_request, kept_prefix
+from .interfaces import (DrafterStats, Eval, GenerationResult, OnToken, Session, SpecStats, Steps,
+                         drive, make_timings)
 from .policies import DRAFT_N_MAX, DraftPolicy, FixedLength, StepFeedback, check_draft_n
 from .sampling import Rng, SamplerParams, probs_rows
 from .trace import TraceSink, step_record
 from .verify import VerifyResult, verify
 
 __all__ = ["DRAFT_N_MAX", "DrafterStats", "SpecStats", "check_draft_n", "generate_speculative",
-           "spec_stats"]
+           "spec_stats", "speculative_steps"]
 
 
-@dataclass(frozen=True)
-class DrafterStats:
-    """The steps one draft source proposed for (Draft.source)."""
-    n_steps: int
-    n_drafted: int
-    n_verified: int
-    n_accepted: int
-    acceptance_rate: float              # n_accepted / n_drafted
-    predicted_acceptance: float         # mean over verified positions of 1 - TV(p_i, q_i)
-    measured_acceptance: float          # n_accepted / n_verified
-    draft_s: float
-
-
-@dataclass(frozen=True)
-class SpecStats:
-    n_generated: int                    # tokens emitted
-    n_steps: int                        # verification steps (target forward passes)
-    n_drafted: int                      # tokens proposed
-    n_accepted: int                     # drafted tokens accepted by verification
-    acceptance_rate: float              # n_accepted / n_drafted
-    tokens_per_step: float              # n_generated / n_steps
-    acceptance_by_position: tuple[float | None, ...]   # [j-1]: P(accept at j | j verified), j = 1..draft_n
-    n_verified: int                     # drafted positions actually verified (reached)
-    predicted_acceptance: float         # mean over verified positions of 1 - TV(p_i, q_i)
-    measured_acceptance: float          # n_accepted / n_verified
-    draft_s: float
-    verify_s: float
-    tokens_per_s: float                 # n_generated / decode time
-    by_drafter: dict[str, DrafterStats] | None = None   # per Draft.source, steps with n_max > 0
-    mean_draft_n: float = 0.0           # mean n the policy asked for (before budget caps)
+def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[int],
+                      n_predict: int, params: SamplerParams, rng: Rng,
+                      eog_ids: Collection[int], policy: DraftPolicy,
+                      on_token: OnToken | None = None, trace: TraceSink | None = None,
+                      clock: Callable[[], float] = time.perf_counter, *,
+                      n_keep: int = 0) -> Steps:
+    """The coroutine behind `generate_speculative`: yields one Eval per target pass (the
+    prompt, then one verification pass per step)."""
+    check_draft_n(policy.n_max)
+    check_request(target, prompt_ids, n_predict)
+    if drafter.n_vocab != target.n_vocab:
+        raise IncompatibleDraftError(
+            f"the drafter proposes over {drafter.n_vocab} token ids, the target has {target.n_vocab}")
+    keep = kept_prefix(target, prompt_ids, n_keep)
+    target.truncate(keep)
+    if n_keep == 0:
+        drafter.reset()
+    policy.reset()
+    ctx, ids, steps, stop = list(prompt_ids), [], [], "n_predict"
+    t0 = clock()
+    if len(ctx) - 1 > keep and n_predict > 0:
+        yield Eval(target, ctx[keep:-1], True)            # the last prompt id opens step 0
+    drafter.prefill(ctx)                                  # the drafter's prompt phase
+    t1 = clock()
+    while len(ids) < n_predict and stop == "n_predict":
+        room = target.n_ctx - target.n_past - 1           # rows the eval may add after ctx[-1]
+        if room < 0:
+            stop = "ctx_full"
+            break
+        timer = _StepTimer(clock)
+        key = drafter.key(ctx)
+        policy.prepare(key)                               # what kind of draft comes next
+        asked = policy.next_n()
+        if int(asked) != asked or not 0 <= asked <= policy.n_max:
+            raise ValueError(f"draft policy asked for {asked} tokens, outside 0..{policy.n_max}")
+        n_max = min(asked, n_predict - len(ids) - 1, room)
+        # 1. draft: x_1..x_n ~ q, with q_i the law each x_i was drawn from
+        draft = drafter.propose(ctx, n_max, rng) if n_max > 0 else Draft.empty(target.n_vocab)
+        n = len(draft.tokens)
+        if n > n_max:
+            raise ValueError(f"drafter proposed {n} tokens, at most {n_max} were asked for")
+        timer.lap("draft")
+        # 2. one target pass over [last token, x_1..x_n]: p_1..p_{n+1}
+        logits = yield Eval(target, [ctx[-1], *draft.tokens])   # (n+1, V)
+        p = probs_rows(logits, params)                          # (n+1, V)
+        # 3. accept x_i with prob min(1, p_i/q_i); the first rejection resamples from
+        #    norm(max(0, p_i - q_i)), all accepted draws a bonus from p_{n+1}
+        res = verify(draft.tokens, draft.q, p, rng)
+        # 4. roll the caches back to the accepted context
+        target.truncate(target.n_past - (n - res.n_accepted))
+        timer.lap("verify")
+        drafter.accept(res.n_accepted, res.next_token)
+        timer.lap("draft")
+        emitted: list[int] = []
+        kinds = ["accepted"] * res.n_accepted + [res.kind]
+        for token, kind in zip([*draft.tokens[: res.n_accepted], res.next_token], kinds):
+            if token in eog_ids:
+                stop = "eog"
+                break
+            emitted.append(token)
+            if on_token is not None and on_token(token, kind):
+                stop = "stop"
+                break
+        steps.append(_Step(n_drafted=n, result=res, draft_s=timer.spent["draft"],
+                           verify_s=timer.spent["verify"], source=draft.source, n_max=n_max,
+                           asked=asked))
+        policy.observe(StepFeedback(draft.source, n_max, n, len(res.records), res.n_accepted,
+                                    steps[-1].draft_s, steps[-1].verify_s, key))
+        if trace is not None:
+            trace.write(step_record(len(steps) - 1, len(ctx), draft.tokens, draft.q, p, res,
+                                    emitted, stop == "eog", steps[-1].draft_s, steps[-1].verify_s))
+        ids += emitted
+        ctx += emitted
+    t2 = clock()
+    timings = make_timings(t1 - t0, t2 - t1, len(ids))
+    stats = spec_stats(steps, policy.n_max, len(ids), timings.tokens_per_s)
+    return GenerationResult(ids, len(prompt_ids), timings, stop, stats)
 
 
 def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence[int],
@@ -92,72 +145,21 @@ def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence
     if policy is None:
         check_draft_n(draft_n)
         policy = FixedLength(draft_n)
-    check_draft_n(policy.n_max)
-    check_request(target, prompt_ids, n_predict)
-    if drafter.n_vocab != target.n_vocab:
-        raise IncompatibleDraftError(
-            f"the drafter proposes over {drafter.n_vocab} token ids, the target has {target.n_vocab}")
-    keep = kept_prefix(target, prompt_ids, n_keep)
-    target.truncate(keep)
-    if n_keep == 0:
-        drafter.reset()
-    policy.reset()
-    ctx, ids, steps, stop = list(prompt_ids), [], [], "n_predict"
-    t0 = clock()
-    if len(ctx) - 1 > keep and n_predict > 0:
-        target.eval(ctx[keep:-1], last_only=True)         # the last prompt id opens step 0
-    if hasattr(drafter, "prefill"):
-        drafter.prefill(ctx)                              # the drafter's prompt phase
-    t1 = clock()
-    while len(ids) < n_predict and stop == "n_predict":
-        room = target.n_ctx - target.n_past - 1           # rows the eval may add after ctx[-1]
-        if room < 0:
-            stop = "ctx_full"
-            break
-        tk = clock()
-        key = drafter.key(ctx) if hasattr(drafter, "key") else None
-        if key is not None and hasattr(policy, "prepare"):
-            policy.prepare(key)                           # what kind of draft comes next
-        t_key = clock() - tk                              # counted as drafting time
-        asked = policy.next_n()
-        if int(asked) != asked or not 0 <= asked <= policy.n_max:
-            raise ValueError(f"draft policy asked for {asked} tokens, outside 0..{policy.n_max}")
-        n_max = min(asked, n_predict - len(ids) - 1, room)
-        ta = clock()
-        draft = drafter.propose(ctx, n_max, rng) if n_max > 0 else Draft.empty(target.n_vocab)
-        n = len(draft.tokens)
-        if n > n_max:
-            raise ValueError(f"drafter proposed {n} tokens, at most {n_max} were asked for")
-        tb = clock()
-        logits = target.eval([ctx[-1], *draft.tokens])    # (n+1, V) one batched pass
-        p = probs_rows(logits, params)                    # (n+1, V)
-        res = verify(draft.tokens, draft.q, p, rng)
-        target.truncate(target.n_past - (n - res.n_accepted))  # keep ctx + accepted drafts
-        tc = clock()
-        drafter.accept(res.n_accepted, res.next_token)
-        td = clock()
-        new = [*draft.tokens[: res.n_accepted], res.next_token]
-        kinds = ["accepted"] * res.n_accepted + [res.kind]
-        emitted: list[int] = []
-        for token, kind in zip(new, kinds):
-            if token in eog_ids:
-                stop = "eog"
-                break
-            emitted.append(token)
-            if on_token is not None:
-                on_token(token, kind)
-        steps.append(_Step(n, res, t_key + (tb - ta) + (td - tc), tc - tb, draft.source, n_max, asked))
-        policy.observe(StepFeedback(draft.source, n_max, n, len(res.records), res.n_accepted,
-                                    steps[-1].draft_s, steps[-1].verify_s, key))
-        if trace is not None:
-            trace.write(step_record(len(steps) - 1, len(ctx), draft.tokens, draft.q, p, res,
-                                    emitted, stop == "eog", steps[-1].draft_s, steps[-1].verify_s))
-        ids += emitted
-        ctx += emitted
-    t2 = clock()
-    timings = make_timings(t1 - t0, t2 - t1, len(ids))
-    stats = spec_stats(steps, policy.n_max, len(ids), timings.tokens_per_s)
-    return GenerationResult(ids, len(prompt_ids), timings, stop, stats)
+    return drive(speculative_steps(target, drafter, prompt_ids, n_predict, params, rng, eog_ids,
+                                   policy, on_token, trace, clock, n_keep=n_keep))
+
+
+class _StepTimer:
+    """Seconds per phase of one step: lap(phase) charges the time since the last lap."""
+
+    def __init__(self, clock: Callable[[], float]):
+        self.clock, self.t = clock, clock()
+        self.spent = {"draft": 0.0, "verify": 0.0}
+
+    def lap(self, phase: str) -> None:
+        t = self.clock()
+        self.spent[phase] += t - self.t
+        self.t = t
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,10 @@ class FakeSession:
     def n_past(self) -> int:
         return len(self.tokens)
 
+    @property
+    def n_logits(self) -> int:
+        return self.n_vocab
+
     def eval(self, tokens: Sequence[int], last_only: bool = False) -> np.ndarray:
         tokens = [int(t) for t in tokens]
         if not tokens:
@@ -126,6 +130,7 @@ class Recorder:
     n_vocab = property(lambda self: self.session.n_vocab)
     n_ctx = property(lambda self: self.session.n_ctx)
     n_past = property(lambda self: self.session.n_past)
+    n_logits = property(lambda self: self.session.n_logits)
 
     def eval(self, tokens: Sequence[int], last_only: bool = False) -> np.ndarray:
         with one_thread():            # tiny matrices: thread start-up would dominate

@@ -106,8 +106,8 @@ def reference_forward(gf, cfg, tokens, *, window=None, global_base=None, softcap
 
 
 def _ours(m, cfg, tokens):
-    from specdec.model import Session
-    return Session(cfg, m.weights, 64).eval(tokens).astype(np.float64)
+    from specdec.model import ModelSession
+    return ModelSession(cfg, m.weights, 64).eval(tokens).astype(np.float64)
 
 
 def _close(a, b) -> bool:
@@ -204,6 +204,7 @@ class _ForceAfter:
     n_vocab = property(lambda self: self.s.n_vocab)
     n_ctx = property(lambda self: self.s.n_ctx)
     n_past = property(lambda self: self.s.n_past)
+    n_logits = property(lambda self: self.s.n_logits)
 
     def eval(self, tokens, last_only=False):
         out = self.s.eval(tokens, last_only)

@@ -1,0 +1,141 @@
+"""One request path under `Model.generate`, `Conversation` and `specdec serve`.
+
+`DraftOptions` says how a request drafts (validated once, when it is made); a `Runner` holds
+what requests run on — one target session, the drafter and draft-length policy built from
+those options, one random generator, the end-of-generation ids — and dispatches each request
+to plain or speculative decoding.  `Runner.steps` is the request as a coroutine over target
+passes (interfaces.Eval); `Runner.run` drives it alone, the server's scheduler batches it.
+
+p is always the target's distribution, q the draft's.  A new drafting option is one field
+of DraftOptions (passed on in `build`) plus one flag in cli.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .drafters import DRAFTER_NAMES, Drafter, check_lookup_options, make_drafter
+from .errors import ConfigError, ContextOverflowError
+from .generate import plain_steps
+from .interfaces import GenerationResult, OnToken, Session, SpecStats, Steps, Timings, drive
+from .policies import POLICY_NAMES, DraftPolicy, check_draft_n, check_draft_p, make_policy
+from .sampling import NumpyRandom, SamplerParams
+from .speculative import speculative_steps
+from .trace import TraceSink
+
+if TYPE_CHECKING:
+    from .api import Model
+
+
+@dataclass(frozen=True)
+class DraftOptions:
+    """How a request drafts.  kind None and no drafter: plain decoding.
+
+    kind: 'model' (the draft `model`), 'prompt-lookup' (n-grams of lookup_ngram_min..max
+    tokens; a match of n tokens copies at most lookup_copy_ratio · n of them, 0: n) or
+    'hybrid' (lookup where it matches, else the model); drafter: a ready Drafter object
+    instead.  n, p, policy: the draft-length policy (policies.make_policy: 'threshold' drafts
+    up to n and a model draft stops below confidence p, 'fixed' n, 'adaptive' 1..n).  vocab:
+    the draft model computes logits for ids below it only (None: all)."""
+    kind: str | None = None
+    model: Any = None                   # specdec.Model drafting for kind 'model' / 'hybrid'
+    drafter: Drafter | None = None
+    n: int = 5
+    p: float = 0.9
+    policy: str | DraftPolicy = "threshold"
+    lookup_ngram_min: int = 2
+    lookup_ngram_max: int = 16
+    lookup_copy_ratio: float = 1.0
+    vocab: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind is not None and self.kind not in DRAFTER_NAMES:
+            raise ConfigError(f"--draft must be one of {', '.join(DRAFTER_NAMES)}, got {self.kind!r}")
+        if self.drafter is not None and not isinstance(self.drafter, Drafter):
+            raise ConfigError(f"a drafter must be a specdec Drafter, got {type(self.drafter).__name__}")
+        check_draft_n(self.n)
+        check_draft_p(self.p)
+        if not (isinstance(self.policy, DraftPolicy) or self.policy in POLICY_NAMES):
+            raise ConfigError(f"--draft-policy must be one of {', '.join(POLICY_NAMES)} or a "
+                              f"DraftPolicy, got {self.policy!r}")
+        check_lookup_options(self.lookup_ngram_min, self.lookup_ngram_max, self.lookup_copy_ratio)
+        if self.vocab is not None and (int(self.vocab) != self.vocab or self.vocab < 1):
+            raise ConfigError(f"--draft-vocab must be an integer >= 1, got {self.vocab}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind is not None or self.drafter is not None
+
+    @classmethod
+    def of(cls, draft, draft_model=None, **fields) -> "DraftOptions":
+        """From generate's `draft=`: None (plain), a DraftOptions (as is), a drafter name
+        (with draft_model=), a Drafter object or a draft Model."""
+        if draft is None or isinstance(draft, DraftOptions):
+            return draft if draft is not None else cls(**fields)
+        if isinstance(draft, str):
+            return cls(kind=draft, model=draft_model, **fields)
+        if isinstance(draft, Drafter):
+            return cls(drafter=draft, **fields)
+        if hasattr(draft, "session"):                   # a Model (api.py sits above this module)
+            return cls(kind="model", model=draft, **fields)
+        raise ConfigError(f"draft= takes a Model, a Drafter, DraftOptions or one of "
+                          f"{', '.join(DRAFTER_NAMES)}; got {type(draft).__name__}")
+
+    def build(self, target: "Model", params: SamplerParams,
+              n_ctx: int) -> tuple[Drafter | None, DraftPolicy | None]:
+        """(drafter, policy) for requests on target; (None, None) for plain decoding."""
+        if not self.enabled:
+            return None, None
+        policy = make_policy(self.policy, self.n, self.p)
+        drafter = self.drafter or make_drafter(
+            self.kind, target, params, draft_model=self.model, draft_p=policy.p_min, n_ctx=n_ctx,
+            lookup_ngram_min=self.lookup_ngram_min, lookup_ngram_max=self.lookup_ngram_max,
+            draft_vocab=self.vocab, lookup_copy_ratio=self.lookup_copy_ratio)
+        return drafter, policy
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What `generate` returns.  ids exclude the prompt and any end-of-generation token."""
+    ids: list[int]
+    text: str
+    prompt_ids: list[int]
+    timings: Timings
+    stop_reason: str                  # 'eog' | 'n_predict' | 'ctx_full' | 'stop'
+    stats: SpecStats | None = None    # speculative runs only
+
+
+class Runner:
+    """What requests run on: one target session (its own KV cache), the drafter and policy
+    of `draft`, one random generator (`seed`; None: fresh entropy) and the end-of-generation
+    ids.  A conversation keeps one Runner for all its turns; the server one per request."""
+
+    def __init__(self, model: "Model", params: SamplerParams, draft: DraftOptions = DraftOptions(),
+                 *, seed: int | None = None, ignore_eos: bool = False, n_ctx: int | None = None,
+                 session: Session | None = None):
+        self.model, self.params = model, params
+        self.rng = NumpyRandom.from_seed(seed)
+        self.eog = frozenset() if ignore_eos else model.tokenizer.eog_ids
+        self.n_ctx = int(n_ctx or model.n_ctx)
+        self.target = session if session is not None else model.session(self.n_ctx)
+        self.drafter, self.policy = draft.build(model, params, self.n_ctx)
+
+    def steps(self, prompt_ids: Sequence[int], n_predict: int, *, on_token: OnToken | None = None,
+              trace: TraceSink | None = None, n_keep: int = 0) -> Steps:
+        """The request as a coroutine over target passes (interfaces.Steps)."""
+        if len(prompt_ids) + 1 > self.n_ctx:
+            raise ContextOverflowError(
+                f"prompt of {len(prompt_ids)} tokens does not fit --ctx-size {self.n_ctx}")
+        if self.drafter is None:
+            return plain_steps(self.target, prompt_ids, n_predict, self.params, self.rng,
+                               self.eog, on_token, n_keep=n_keep)
+        return speculative_steps(self.target, self.drafter, prompt_ids, n_predict, self.params,
+                                 self.rng, self.eog, self.policy, on_token, trace, n_keep=n_keep)
+
+    def run(self, prompt_ids: Sequence[int], n_predict: int, **kw) -> GenerationResult:
+        """One request alone (keywords as `steps`)."""
+        return drive(self.steps(prompt_ids, n_predict, **kw))
+
+    def completion(self, prompt_ids: Sequence[int], res: GenerationResult) -> Completion:
+        return Completion(list(res.ids), self.model.detokenize(res.ids), list(prompt_ids),
+                          res.timings, res.stop_reason, res.stats)
