@@ -4,13 +4,13 @@
 backend computes it (ggml_vec_dot_qX_K_q8_K): each activation row is quantized to Q8_K
 (q8k.py), every super-block of 256 is an exact integer dot product per scale group, scaled
 by d·dx (and the mins by dmin·dx), accumulated in float32 super-block after super-block
-(16 lanes, folded in a fixed order at the end; see kquants_simd).
+(16 lanes, folded in a fixed order at the end; see kquants_ir).
 
     w    uint8 (N, row_bytes) raw GGUF rows, zero-copy, C-contiguous
     x    float32 (M, K), K % 256 == 0
     out  float32 (M, N), filled in place
 
-Each weight super-block is read and decoded once and used for all M rows (kquants_simd);
+Each weight super-block is read and decoded once and used for all M rows (kquants_ir);
 no dequantized copy of a weight matrix is ever built.  Row independence: out[m] depends on
 x[m] only, bitwise, whatever M and the thread count are — whichever code path M selects
 (one register-resident path per M <= MAX_STATIC_M, tiles above), every (n, m) goes through
@@ -25,7 +25,7 @@ import numpy as np
 from numba import get_num_threads
 
 from . import kquants_dequant as dq
-from .kquants_simd import DECODERS, MATMUL_Q8K
+from .kquants_ir import DECODERS, MATMUL_Q8K
 from .q8k import QK_K, quantize_q8_k
 
 _T = gguf.GGMLQuantizationType

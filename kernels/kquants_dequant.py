@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .kquants_simd import load_f16
+from .kquants_ir import load_f16
 
 QK_K = 256
 

@@ -30,7 +30,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kquants_simd import _f16_to_f32, _k4_scales, _prefetch, have_f16c, switch_static
+from .kquants_ir import _f16_to_f32, _k4_scales, _prefetch, have_f16c, switch_static
 
 I8, I16, I32, I64 = (ir.IntType(b) for b in (8, 16, 32, 64))
 F32 = ir.FloatType()

@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kquants_simd import F32, I64, V16F32, _fma, _splat_f32, switch_static
+from .kquants_ir import F32, I64, V16F32, _fma, _splat_f32, switch_static
 
 KV_BLOCK = 32        # positions per transposed block of the key cache (a multiple of W)
 G_MAX = 8            # heads per work item: 2 · G_MAX accumulators (of 32) stay in registers
