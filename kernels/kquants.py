@@ -20,24 +20,21 @@ the same fixed sequence of float operations.
 """
 from __future__ import annotations
 
-import gguf
 import numpy as np
 from numba import get_num_threads
 
 from . import kquants_dequant as dq
-from .kquants_ir import DECODERS, MATMUL_Q8K
-from .q8k import QK_K, quantize_q8_k
+from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
+from .kquants_ir import MATMUL_Q8K
+from .q8k import quantize_q8_k
 
-_T = gguf.GGMLQuantizationType
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
-BLOCK_BYTES = {qt: nbytes for qt, (_, nbytes) in DECODERS.items()}   # bytes per 256 values
 
 
 def _check_weights(qtype: int, w: np.ndarray, k: int) -> None:
     if w.dtype != np.uint8 or w.ndim != 2 or not w.flags.c_contiguous:
         raise ValueError("K-quant weights must be a C-contiguous uint8 (N, row_bytes) array")
-    if k % QK_K or w.shape[1] != k // QK_K * BLOCK_BYTES[qtype]:
-        raise ValueError(f"{_T(qtype).name}: rows of {w.shape[1]} bytes do not hold K={k} values")
+    if k % QK_K or w.shape[1] != FORMATS[qtype].row_bytes(k):
+        raise ValueError(f"{FORMATS[qtype].name}: rows of {w.shape[1]} bytes do not hold K={k} values")
 
 
 def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.ndarray,
@@ -61,7 +58,7 @@ def _matmul_fn(qtype: int):
         """w uint8 (N, row_bytes), x float32 (M, K) -> out float32 (M, N), in place."""
         xq, xd, xbs = quantize_q8_k(x)
         matmul_q8k(qtype, w, xq, xd, xbs, out)
-    matmul.__name__ = f"matmul_{_T(qtype).name.lower()}"
+    matmul.__name__ = f"matmul_{FORMATS[qtype].name.lower()}"
     return matmul
 
 
@@ -75,7 +72,7 @@ def _get_rows_fn(qtype: int, kernel):
         if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
             raise IndexError(f"row id out of range [0, {w.shape[0]})")
         kernel(w, ids, out)
-    get_rows.__name__ = f"get_rows_{_T(qtype).name.lower()}"
+    get_rows.__name__ = f"get_rows_{FORMATS[qtype].name.lower()}"
     return get_rows
 
 

@@ -35,14 +35,14 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import gguf
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils, config
 from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic
 
-QK_K = 256
+from .formats import FORMATS, KQUANTS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
+
 PREFETCH_BLOCKS = 8  # rows of a static-M pass prefetch this many super-blocks ahead
 PASS_ROWS = 64  # M > MAX_STATIC_M: weight rows per pass (~55-320 KB of them stay in L2 while ...
 PASS_M = 8      # ... each group of PASS_M activation rows runs the static path over them)
@@ -277,13 +277,9 @@ def _decode_q2_k(builder, p, f16c):
     return _decoded(builder, u, sc, d, mn, dmin)
 
 
-_T = gguf.GGMLQuantizationType
-DECODERS: dict[int, tuple[Callable, int]] = {   # qtype -> (decoder, block bytes)
-    int(_T.Q2_K): (_decode_q2_k, 84),
-    int(_T.Q3_K): (_decode_q3_k, 110),
-    int(_T.Q4_K): (_decode_q4_k, 144),
-    int(_T.Q5_K): (_decode_q5_k, 176),
-    int(_T.Q6_K): (_decode_q6_k, 210),
+DECODERS: dict[int, Callable] = {           # qtype -> super-block decoder
+    Q2_K: _decode_q2_k, Q3_K: _decode_q3_k, Q4_K: _decode_q4_k, Q5_K: _decode_q5_k,
+    Q6_K: _decode_q6_k,
 }
 
 
@@ -407,7 +403,7 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
     rows n of chunk c (see _emit_chunk).
     ``vnni`` / ``f16c`` pick the instruction path (default: what the target has); every path
     computes the same values."""
-    decoder, block_bytes = DECODERS[qtype]
+    decoder, block_bytes = DECODERS[qtype], FORMATS[qtype].type_size
     vnni = have_vnni() if vnni is None else vnni
     f16c = have_f16c() if f16c is None else f16c
 
@@ -431,7 +427,7 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
             return context.get_dummy_value()
         return sig, codegen
 
-    kernel.__name__ = f"chunk_{_T(qtype).name.lower()}"
+    kernel.__name__ = f"chunk_{FORMATS[qtype].name.lower()}"
     return intrinsic(kernel)
 
 
@@ -457,7 +453,7 @@ def make_load_f16(f16c: bool | None = None):
 
 load_f16 = make_load_f16()
 _chunk_q2_k, _chunk_q3_k, _chunk_q4_k, _chunk_q5_k, _chunk_q6_k = (
-    make_chunk_kernel(int(t)) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
+    make_chunk_kernel(qt) for qt in KQUANTS)
 
 
 # ------------------------------------------------------------------------------ drivers
@@ -496,5 +492,5 @@ def matmul_q6_k(w, xq, xd, xbs, out, n_chunks):
         _chunk_q6_k(w, xq, xd, xbs, out, c, n_chunks)
 
 
-MATMUL_Q8K = {int(_T.Q2_K): matmul_q2_k, int(_T.Q3_K): matmul_q3_k, int(_T.Q4_K): matmul_q4_k,
-              int(_T.Q5_K): matmul_q5_k, int(_T.Q6_K): matmul_q6_k}
+MATMUL_Q8K = {Q2_K: matmul_q2_k, Q3_K: matmul_q3_k, Q4_K: matmul_q4_k, Q5_K: matmul_q5_k,
+              Q6_K: matmul_q6_k}

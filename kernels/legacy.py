@@ -26,17 +26,12 @@ Weight arrays, as ``gguf.GGUFReader(...).tensors[i].data`` holds them (zero-copy
 """
 from __future__ import annotations
 
-import gguf
 import numpy as np
 from numba import njit, prange
 
-from .legacy_ir import DECODE_ROWS, DECODERS, TILE, TILE_Q5_0_DECODE, TILE_ROWS, dot32_lanes
+from .formats import BF16, F16, F32, FLOATS, FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from .legacy_ir import DECODE_ROWS, TILE, TILE_Q5_0_DECODE, TILE_ROWS, dot32_lanes
 from .q8_act import QK8, half_bits_to_f32, q8_rows
-
-_T = gguf.GGMLQuantizationType
-F32, F16, BF16 = int(_T.F32), int(_T.F16), int(_T.BF16)
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
-BLOCK_BYTES = {qt: nbytes for qt, (_, nbytes) in DECODERS.items()}
 
 M_CHUNK = 32    # activation rows per pass over a decoded tile
 
@@ -280,17 +275,17 @@ def _bits_view(kind: int, w: np.ndarray, k: int) -> np.ndarray:
     w = _frozen(w)
     bits = w.view(np.uint32 if kind == F32 else np.uint16)
     if bits.shape != (w.shape[0], k):
-        raise ValueError(f"{_T(kind).name} weight {w.shape} does not have rows of {k} values")
+        raise ValueError(f"{FORMATS[kind].name} weight {w.shape} does not have rows of {k} values")
     return bits
 
 
 def _quant_matmul(qtype: int):
-    block_bytes = BLOCK_BYTES[qtype]
+    block_bytes = FORMATS[qtype].type_size
 
     def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         _check(x, out, w.shape[0])
         if w.shape[1] != x.shape[1] // QK8 * block_bytes or x.shape[1] % QK8:
-            raise ValueError(f"{_T(qtype).name} weight {w.shape} does not match x {x.shape}")
+            raise ValueError(f"{FORMATS[qtype].name} weight {w.shape} does not match x {x.shape}")
         _matmul_quant(qtype, _frozen(w), x, out)
     return matmul
 
@@ -303,7 +298,7 @@ def _float_matmul(kind: int):
 
 
 def _quant_get_rows(qtype: int):
-    block_bytes = BLOCK_BYTES[qtype]
+    block_bytes = FORMATS[qtype].type_size
 
     def get_rows(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
         k = w.shape[1] // block_bytes * QK8
@@ -319,7 +314,5 @@ def _float_get_rows(kind: int):
     return get_rows
 
 
-MATMUL = {**{qt: _quant_matmul(qt) for qt in BLOCK_BYTES},
-          **{kind: _float_matmul(kind) for kind in (F32, F16, BF16)}}
-GET_ROWS = {**{qt: _quant_get_rows(qt) for qt in BLOCK_BYTES},
-            **{kind: _float_get_rows(kind) for kind in (F32, F16, BF16)}}
+MATMUL = {**{qt: _quant_matmul(qt) for qt in LEGACY}, **{kind: _float_matmul(kind) for kind in FLOATS}}
+GET_ROWS = {**{qt: _quant_get_rows(qt) for qt in LEGACY}, **{kind: _float_get_rows(kind) for kind in FLOATS}}

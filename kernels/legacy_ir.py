@@ -34,16 +34,16 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import gguf
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils, config
 from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic
 
+from .formats import FORMATS, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+
 I8, I16, I32, I64 = (ir.IntType(bits) for bits in (8, 16, 32, 64))
 F16, F32 = ir.HalfType(), ir.FloatType()
-_T = gguf.GGMLQuantizationType
 
 
 def _vec(ty: ir.Type, n: int) -> ir.VectorType:
@@ -258,11 +258,8 @@ def _dec_q8_0(builder, wp, o) -> Decoded:
     return Decoded(_row_cols(builder, codes), 128, _f16x8(builder, wp, o), None)
 
 
-# qtype -> (decoder, bytes per block of 32)
-DECODERS: dict[int, tuple[Callable, int]] = {
-    int(_T.Q4_0): (_dec_q4_0, 18), int(_T.Q4_1): (_dec_q4_1, 20),
-    int(_T.Q5_0): (_dec_q5_0, 22), int(_T.Q5_1): (_dec_q5_1, 24),
-    int(_T.Q8_0): (_dec_q8_0, 34),
+DECODERS: dict[int, Callable] = {            # qtype -> 8-row block decoder
+    Q4_0: _dec_q4_0, Q4_1: _dec_q4_1, Q5_0: _dec_q5_0, Q5_1: _dec_q5_1, Q8_0: _dec_q8_0,
 }
 
 
@@ -331,7 +328,7 @@ def make_tile(qtype: int, vnni: bool | None = None, rows: int = 8):
 
     ``vnni=None``: use vpdpbusd when the CPU has it, else portable IR (same integers).
     """
-    decoder, block_bytes = DECODERS[qtype]
+    decoder, block_bytes = DECODERS[qtype], FORMATS[qtype].type_size
     use_vnni = have_vnni() if vnni is None else vnni
 
     @intrinsic
@@ -373,7 +370,7 @@ def make_tile(qtype: int, vnni: bool | None = None, rows: int = 8):
 TILE_ROWS = {qt: 16 for qt in DECODERS}
 TILE = {qt: make_tile(qt, rows=TILE_ROWS[qt]) for qt in DECODERS}
 DECODE_ROWS = 8                                  # Q5_0 tile rows when M == 1
-TILE_Q5_0_DECODE = make_tile(int(_T.Q5_0), rows=DECODE_ROWS)
+TILE_Q5_0_DECODE = make_tile(Q5_0, rows=DECODE_ROWS)
 
 
 # ------------------------------------------------------------- float32 dot (F32/F16/BF16)

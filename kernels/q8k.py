@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-QK_K = 256
+from .formats import QK_K
 
 
 @njit(cache=True, nogil=True)

@@ -27,7 +27,6 @@ Repacked types are numbered ``REPACKED[qtype] = 0x100 | qtype`` (never a ggml ty
 """
 from __future__ import annotations
 
-import gguf
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -36,33 +35,28 @@ from numba.extending import intrinsic
 
 from .legacy_ir import (F16, I8, I32, V8F32, V8I32, V32I8, Decoded, _emit_tile, _i64, _join,
                         _load, _vec, have_vnni)
+from .formats import FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .legacy import _check, _frozen
 from .q8_act import QK8, q8_rows
 
-_T = gguf.GGMLQuantizationType
 I1 = ir.IntType(1)
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
 
-# qtype -> (block bytes, byte of qh in the block or None, byte of qs, has mins, code offset)
-_FORMAT = {
-    Q4_0: (18, None, 2, False, 8), Q4_1: (20, None, 4, True, 0),
-    Q5_0: (22, 2, 6, False, 16), Q5_1: (24, 4, 8, True, 0), Q8_0: (34, None, 2, False, 128),
-}
-REC = {qt: 8 * f[0] for qt, f in _FORMAT.items()}
-REPACKED = {qt: 0x100 | qt for qt in _FORMAT}
+REC = {qt: 8 * FORMATS[qt].type_size for qt in LEGACY}      # bytes per record
+REPACKED = {qt: 0x100 | qt for qt in LEGACY}
 M_CHUNK = 32                     # activation rows per pass over a record (as legacy.M_CHUNK)
 
 
 def can_repack(qtype: int, n_rows: int) -> bool:
-    return qtype in _FORMAT and n_rows % 8 == 0
+    return qtype in REPACKED and n_rows % 8 == 0
 
 
 def repack(w: np.ndarray, qtype: int) -> np.ndarray:
     """GGUF rows (N, nb * block) uint8 -> a new array of the same shape holding the records
     (module docstring): stream t (records (t, 0 .. nb-1)) in rows 8t .. 8t+7."""
-    bb, qh_at, qs_at, mins, _ = _FORMAT[qtype]
+    fmt = FORMATS[qtype]
+    bb, qh_at, qs_at, mins = fmt.type_size, fmt.qh_offset, fmt.qs_offset, fmt.has_min
     if w.dtype != np.uint8 or w.ndim != 2 or w.shape[0] % 8 or w.shape[1] % bb:
-        raise ValueError(f"cannot repack a {w.dtype} {w.shape} array as {_T(qtype).name}")
+        raise ValueError(f"cannot repack a {w.dtype} {w.shape} array as {fmt.name}")
     out = np.empty_like(w)
     _repack(np.ascontiguousarray(w).reshape(-1), out.reshape(-1), w.shape[0] // 8,
             w.shape[1] // bb, bb, -1 if qh_at is None else qh_at, qs_at, mins, qtype == Q8_0)
@@ -113,7 +107,8 @@ def _f16x8_at(builder, wp, off):
 def _decode(builder, wp, off, qtype: int) -> Decoded:
     """The record at byte ``off`` -> Decoded (legacy_ir: lane r of cols[c] = codes 4c..4c+3
     of row r), as legacy_ir's decoders give it from the GGUF layout."""
-    _, qh_at, _, mins, code_off = _FORMAT[qtype]
+    fmt = FORMATS[qtype]
+    qh_at, mins, code_off = fmt.qh_offset, fmt.has_min, fmt.code_offset
     at = lambda k: builder.add(off, _i64(k))                        # noqa: E731
     d = _f16x8_at(builder, wp, off)
     m = _f16x8_at(builder, wp, at(16)) if mins else None
@@ -182,8 +177,8 @@ def make_tile(qtype: int, rows: int):
     return tile
 
 
-_t8 = {qt: make_tile(qt, 8) for qt in _FORMAT}
-_t16 = {qt: make_tile(qt, 16) for qt in _FORMAT}
+_t8 = {qt: make_tile(qt, 8) for qt in LEGACY}
+_t16 = {qt: make_tile(qt, 16) for qt in LEGACY}
 _t8_q4_0, _t8_q4_1, _t8_q5_0, _t8_q5_1, _t8_q8_0 = (_t8[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
 _t16_q4_0, _t16_q4_1, _t16_q5_0, _t16_q5_1, _t16_q8_0 = (_t16[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
 
@@ -260,14 +255,14 @@ def _matmul_quant(qtype, w, x, out):
 
 
 def _make(qtype: int):
-    block_bytes = _FORMAT[qtype][0]
+    block_bytes = FORMATS[qtype].type_size
 
     def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         _check(x, out, w.shape[0])
         if w.shape[1] != x.shape[1] // QK8 * block_bytes or x.shape[1] % QK8 or w.shape[0] % 8:
-            raise ValueError(f"repacked {_T(qtype).name} weight {w.shape} does not match x {x.shape}")
+            raise ValueError(f"repacked {FORMATS[qtype].name} weight {w.shape} does not match x {x.shape}")
         _matmul_quant(qtype, _frozen(w), x, out)
     return matmul
 
 
-MATMUL = {REPACKED[qt]: _make(qt) for qt in _FORMAT}    # repacked type id -> fn(w, x, out)
+MATMUL = {REPACKED[qt]: _make(qt) for qt in LEGACY}    # repacked type id -> fn(w, x, out)

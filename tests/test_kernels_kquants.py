@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from numba import njit
 
 from kernels import kquants, kquants_ir
+from kernels import formats
 from kernels.q8k import natural_order, quantize_q8_k
 from fakes import one_thread
 
@@ -32,7 +33,7 @@ SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[Healt
 def random_weights(rng, qtype, n: int, nb: int, f16=None) -> np.ndarray:
     """uint8 (n, nb·block_bytes): random bytes; the fp16 fields get ``f16`` (an fp16 value)
     or random finite halves (zero, subnormal and normal, either sign, |v| < 1)."""
-    w = rng.integers(0, 256, (n, nb, kquants.BLOCK_BYTES[int(qtype)]), dtype=np.uint8)
+    w = rng.integers(0, 256, (n, nb, formats.FORMATS[int(qtype)].type_size), dtype=np.uint8)
     for o in F16_FIELDS[qtype]:
         if f16 is None:
             bits = (rng.integers(0, 2, (n, nb)) << 15) | (rng.integers(0, 15, (n, nb)) << 10) \
@@ -289,7 +290,7 @@ def test_real_tensors_zero_copy():
                  "token_embd.weight"):
         qtype = T(g.tensors[name].ggml_type)
         w = g.tensor(name)[:160]                           # (160, row_bytes) view of the file
-        k = w.shape[1] // kquants.BLOCK_BYTES[int(qtype)] * 256
+        k = w.shape[1] // formats.FORMATS[int(qtype)].type_size * 256
         x = rng.standard_normal((3, k)).astype(np.float32)
         out = matmul(qtype, w, x)
         ref = x.astype(np.float64) @ dequant(np.asarray(w), qtype).astype(np.float64).T
