@@ -30,11 +30,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .formats import FORMATS, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
-from .kquants_ir import _f16_to_f32, _k4_scales, _prefetch, have_f16c, switch_static
-
-I8, I16, I32, I64 = (ir.IntType(b) for b in (8, 16, 32, 64))
-F32 = ir.FloatType()
-V16I8, V16I32, V16F32 = ir.VectorType(I8, 16), ir.VectorType(I32, 16), ir.VectorType(F32, 16)
+from .ir import (F32, I8, I16, I32, I64, V16F32, V16I8, V16I32, f16_to_f32, have_f16c, prefetch,
+                 splat, switch_static)
+from .kquants_ir import k4_scales
 
 
 class _Row:
@@ -66,7 +64,7 @@ class _Row:
 
     def half(self, off):
         """The fp16 at ``off`` -> float (exact)."""
-        return _f16_to_f32(self.b, self.b.load(self.ptr(off), typ=I16, align=1), self.f16c)
+        return f16_to_f32(self.b, self.b.load(self.ptr(off), typ=I16, align=1), self.f16c)
 
     def u8(self, off):
         return self.b.zext(self.b.load(self.ptr(off), typ=I8, align=1), I32)
@@ -78,8 +76,7 @@ class _Row:
         return self.b.load(self.ptr(off), typ=I32, align=1)
 
     def splat(self, v, n: int = 16):
-        vec = self.b.insert_element(ir.Constant(ir.VectorType(v.type, n), None), v, I32(0))
-        return self.b.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, n), [0] * n))
+        return splat(self.b, v, n)
 
     def bits(self, v, shift: int, mask: int):
         """(v >> shift) & mask, lane by lane."""
@@ -144,7 +141,7 @@ def _q45_k(five: bool):
         b = r.b
         d, dmin = r.half(o), r.half(r.at(o, 2))
         qs = 48 if five else 16
-        scs, mns = _k4_scales(b, r.ptr(o), 4)    # get_scale_min_k4: sub-block j in lane 2j
+        scs, mns = k4_scales(b, r.ptr(o), 4)    # get_scale_min_k4: sub-block j in lane 2j
         for j in range(8):
             sc, mn = (b.extract_element(v, I32(2 * j)) for v in (scs, mns))
             dl = r.splat(b.fmul(d, b.sitofp(sc, F32)))
@@ -229,7 +226,7 @@ def make_rows_dot(qtype: int, f16c: bool | None = None):
                         i = loop.index
                         o = builder.mul(i, I64(nbytes))
                         for line in range(0, nbytes, 64):    # the stream ahead (next rows too)
-                            _prefetch(builder, r.ptr(builder.add(o, I64(PREFETCH_BYTES + line))))
+                            prefetch(builder, r.ptr(builder.add(o, I64(PREFETCH_BYTES + line))))
                         block(r, o, builder.mul(i, I64(qk)))
                     for m, (a0, a1) in enumerate(accs):
                         o = builder.gep(oa.data, [builder.add(builder.mul(I64(m), N), n)], source_etype=F32)

@@ -5,7 +5,7 @@ kept in float32: each weight row dequantized bit-exactly as gguf.quants does (ne
 dequantized copy of the matrix) and dotted with every activation row in 32 float32 lanes
 folded in a fixed order (legacy.dot32_lanes).  dequant_ir.MATMUL_DOT does it in registers,
 sixteen values at a time, for up to MAX_FUSED_M activation rows per pass over the weights;
-Q2_K and Q3_K go through a per-thread row buffer (kquants_dequant) and legacy._dot_f32, the
+Q2_K and Q3_K go through a per-thread row buffer (kquants_dequant) and legacy.dot_f32, the
 same operations.  Every (n, m) runs the same operations whatever M is: rows stay
 independent, bitwise.
 
@@ -27,9 +27,10 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from . import kquants_dequant as dq
+from .arrays import frozen
 from .dequant_ir import MATMUL_DOT, MAX_FUSED_M
 from .formats import FORMATS, KQUANTS, LEGACY, Q3_K
-from .legacy import _dot_f32, _frozen
+from .legacy import dot_f32
 
 
 
@@ -56,7 +57,7 @@ def _matmul_float_act(qtype, w, x, out, n_chunks):
             ids[0] = row
             _dequant_row(qtype, w, ids, buf)
             for m in range(m_rows):
-                out[m, row] = _dot_f32(buf[0], xf, m, k)
+                out[m, row] = dot_f32(buf[0], xf, m, k)
 
 
 def _fn(qtype: int):
@@ -73,9 +74,9 @@ def _fn(qtype: int):
         n_chunks = max(1, min(get_num_threads(), w.shape[0]))
         if qtype in MATMUL_DOT:         # no row buffer, same bits; rows in passes of MAX_FUSED_M
             for m0 in range(0, x.shape[0], MAX_FUSED_M):
-                MATMUL_DOT[qtype](_frozen(w), x[m0:m0 + MAX_FUSED_M], out[m0:m0 + MAX_FUSED_M], n_chunks)
+                MATMUL_DOT[qtype](frozen(w), x[m0:m0 + MAX_FUSED_M], out[m0:m0 + MAX_FUSED_M], n_chunks)
         else:
-            _matmul_float_act(qtype, _frozen(w), x, out, n_chunks)
+            _matmul_float_act(qtype, frozen(w), x, out, n_chunks)
     matmul.__name__ = f"matmul_float_act_{FORMATS[qtype].name.lower()}"
     return matmul
 
