@@ -22,9 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels import kquants  # noqa: E402
-from kernels import formats  # noqa: E402
-from kernels.q8k import quantize_q8_k  # noqa: E402
+from specdec.kernels import formats, kquants  # noqa: E402
+from specdec.kernels.q8k import quantize_q8_k  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 SHAPES = [  # (name, qtype, N, K)

@@ -21,9 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels import legacy  # noqa: E402
-from kernels import formats  # noqa: E402
-from kernels.q8_act import quantize_q8  # noqa: E402
+from specdec.kernels import formats, legacy  # noqa: E402
+from specdec.kernels.q8_act import quantize_q8  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 SHAPES = [  # (tensor, qtype, N, K)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernels
+from specdec import kernels
 from fakes import one_thread
 from test_kernels_kquants import random_weights
 from test_kernels_legacy import emulate_float, make_weights

@@ -14,9 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from kernels import kquants, kquants_ir
-from kernels import formats
-from kernels.q8k import natural_order, quantize_q8_k
+from specdec.kernels import formats, kquants, kquants_ir
+from specdec.kernels.q8k import natural_order, quantize_q8_k
 from fakes import one_thread
 
 T = gguf.GGMLQuantizationType

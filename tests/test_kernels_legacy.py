@@ -10,9 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from kernels import legacy, legacy_ir, repack
-from kernels import formats
-from kernels.q8_act import q8_0_bytes, quantize_q8
+from specdec.kernels import formats, legacy, legacy_ir, repack
+from specdec.kernels.q8_act import q8_0_bytes, quantize_q8
 
 T = gguf.GGMLQuantizationType
 QUANTS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
