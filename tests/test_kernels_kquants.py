@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from kernels import kquants, kquants_simd
-from kernels.q8k import natural_order, quantize_q8_k
+from specdec.kernels import formats, kquants, kquants_ir
+from specdec.kernels.q8k import natural_order, quantize_q8_k
 from fakes import one_thread
 
 T = gguf.GGMLQuantizationType
@@ -32,7 +32,7 @@ SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[Healt
 def random_weights(rng, qtype, n: int, nb: int, f16=None) -> np.ndarray:
     """uint8 (n, nb·block_bytes): random bytes; the fp16 fields get ``f16`` (an fp16 value)
     or random finite halves (zero, subnormal and normal, either sign, |v| < 1)."""
-    w = rng.integers(0, 256, (n, nb, kquants.BLOCK_BYTES[int(qtype)]), dtype=np.uint8)
+    w = rng.integers(0, 256, (n, nb, formats.FORMATS[int(qtype)].type_size), dtype=np.uint8)
     for o in F16_FIELDS[qtype]:
         if f16 is None:
             bits = (rng.integers(0, 2, (n, nb)) << 15) | (rng.integers(0, 15, (n, nb)) << 10) \
@@ -205,10 +205,10 @@ def _assert_rows_alone_and_serial(qtype, w, x, full):
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_matmul_rows_independent_across_passes(qtype):
-    """M > MAX_STATIC_M with more weight rows than a pass holds (kquants_simd.PASS_ROWS):
+    """M > MAX_STATIC_M with more weight rows than a pass holds (kquants_ir.PASS_ROWS):
     every row of out bitwise its one-row result, on one thread and on all of them."""
     rng = np.random.default_rng(int(qtype) + 100)
-    n, m = 2 * kquants_simd.PASS_ROWS + 5, kquants_simd.MAX_STATIC_M + kquants_simd.PASS_M + 3
+    n, m = 2 * kquants_ir.PASS_ROWS + 5, kquants_ir.MAX_STATIC_M + kquants_ir.PASS_M + 3
     w = random_weights(rng, qtype, n, 2)
     x = rng.standard_normal((m, 512)).astype(np.float32)
     _assert_rows_alone_and_serial(qtype, w, x, matmul(qtype, w, x))
@@ -216,7 +216,7 @@ def test_matmul_rows_independent_across_passes(qtype):
 
 def _portable_matmul(qtype):
     """The matmul over the portable code path (no VNNI, no F16C), 3 chunks, serial."""
-    chunk = kquants_simd.make_chunk_kernel(int(qtype), vnni=False, f16c=False)
+    chunk = kquants_ir.make_chunk_kernel(int(qtype), vnni=False, f16c=False)
 
     @njit
     def matmul(w, xq, xd, xbs, out):
@@ -239,9 +239,9 @@ def test_portable_path_matches_native_bitwise(qtype):
 
 @pytest.mark.parametrize("f16c", [False, True])
 def test_f16_conversion_exhaustive(f16c):
-    if f16c and not kquants_simd.have_f16c():
+    if f16c and not kquants_ir.have_f16c():
         pytest.skip("no F16C on this machine")
-    load = kquants_simd.make_load_f16(f16c)
+    load = kquants_ir.make_load_f16(f16c)
 
     @njit
     def convert(w, out):
@@ -289,7 +289,7 @@ def test_real_tensors_zero_copy():
                  "token_embd.weight"):
         qtype = T(g.tensors[name].ggml_type)
         w = g.tensor(name)[:160]                           # (160, row_bytes) view of the file
-        k = w.shape[1] // kquants.BLOCK_BYTES[int(qtype)] * 256
+        k = w.shape[1] // formats.FORMATS[int(qtype)].type_size * 256
         x = rng.standard_normal((3, k)).astype(np.float32)
         out = matmul(qtype, w, x)
         ref = x.astype(np.float64) @ dequant(np.asarray(w), qtype).astype(np.float64).T

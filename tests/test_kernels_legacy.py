@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from kernels import legacy, legacy_ir, repack
-from kernels.q8_act import q8_0_bytes, quantize_q8
+from specdec.kernels import formats, legacy, legacy_ir, repack
+from specdec.kernels.q8_act import q8_0_bytes, quantize_q8
 
 T = gguf.GGMLQuantizationType
 QUANTS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
@@ -35,7 +35,7 @@ def make_weights(qt, n: int, k: int, rng: np.random.Generator, raw: bool) -> np.
     if qt in FLOATS or not raw:
         vals = (rng.standard_normal((n, k)) * rng.uniform(0.1, 3.0)).astype(np.float32)
         return vals.astype(np.float16) if qt == T.F16 else gguf.quants.quantize(vals, qt)
-    bb = legacy.BLOCK_BYTES[int(qt)]
+    bb = formats.FORMATS[int(qt)].type_size
     w = rng.integers(0, 256, (n, k // 32, bb), dtype=np.uint8)
     for o in LAYOUT[qt][0]:
         h = (rng.uniform(1e-3, 1.0, (n, k // 32)) * rng.choice([-1, 1], (n, k // 32)))
@@ -55,7 +55,7 @@ def parse_blocks(w: np.ndarray, qt):
     """
     f16s, qh_at, qs_at, off = LAYOUT[qt]
     n = w.shape[0]
-    blk = w.reshape(n, -1, legacy.BLOCK_BYTES[int(qt)])
+    blk = w.reshape(n, -1, formats.FORMATS[int(qt)].type_size)
     scales = [blk[:, :, o:o + 2].copy().view(np.float16)[..., 0].astype(np.float32) for o in f16s]
     if qt == T.Q8_0:
         codes = blk[:, :, 2:].view(np.int8).astype(np.int64)
@@ -279,7 +279,7 @@ def test_repacked_records_give_the_same_bits(qt, seed, tiles, nb, m):
 def _unrepack(r: np.ndarray, qt) -> np.ndarray:
     """The GGUF rows back from repack's records (module docstring of kernels/repack.py)."""
     fp16, qh_at, qs_at, _ = LAYOUT[qt]
-    bb = legacy.BLOCK_BYTES[int(qt)]
+    bb = formats.FORMATS[int(qt)].type_size
     n, row_bytes = r.shape
     t, nb = n // 8, row_bytes // bb
     rec = r.reshape(t, nb, 8 * bb)
