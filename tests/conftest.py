@@ -16,7 +16,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from synth import TinySpec, write_tiny_model  # noqa: E402
 
-REFERENCE = Path(__file__).parent / "data" / "reference"
 REAL_MODELS = ("smollm2-135m-instruct-q4_1", "qwen2.5-coder-0.5b-instruct",
                "qwen2.5-coder-1.5b-instruct-q4_k_m", "gemma-3-270m-q4_k_m")
 
