@@ -19,8 +19,8 @@ them.  So out[m, n] is bitwise the float32 dot of the dequantized row with x[m] 
 dot32_lanes' order, whatever M is (float_act.py runs more rows in passes of MAX_FUSED_M, and
 Q2_K / Q3_K, which have no decoder here, through a dequantized row buffer and dot32_lanes).
 Each thread walks its contiguous rows front to back and prefetches PREFETCH_BYTES ahead: the
-decode is compute-heavy enough that, without it, the weights' memory latency went unhidden
-(gemma3 decode step 24 -> 15-17 ms with it).
+decode is compute-heavy enough that, without it, the weights' memory latency goes unhidden
+(docs/architecture.md, "Tuned constants", has the measurements behind both constants).
 """
 from __future__ import annotations
 
@@ -185,11 +185,8 @@ DECODERS = {                 # qtype -> block decoder (sizes in formats.FORMATS)
 }
 
 
-MAX_FUSED_M = 8         # activation rows per pass: their 32 lanes (2 vectors each) stay in
-#                         registers; 17 rows spill (gemma3 64-token prompt: passes of 17 rows
-#                         226-236 ms, of 12 188-199, of 8 176-185, of 4 203)
-PREFETCH_BYTES = 2048   # how far ahead in its rows' byte stream each block prefetches (gemma3
-#                         decode step: none 24 ms, 512 B 21 ms, 1-4 KB 15-17 ms, 8 KB 17 ms)
+MAX_FUSED_M = 8         # activation rows per pass: their 32 lanes (2 vectors each) stay in registers
+PREFETCH_BYTES = 2048   # how far ahead in its rows' byte stream each block prefetches
 
 
 def make_rows_dot(qtype: int, f16c: bool | None = None):
