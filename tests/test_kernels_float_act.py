@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 
 from specdec import kernels
 from fakes import one_thread
-from test_kernels_kquants import random_weights
-from test_kernels_legacy import emulate_float, make_weights
+from helpers import emulate_float, make_weights, random_weights
 
 T = gguf.GGMLQuantizationType
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]

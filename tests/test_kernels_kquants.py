@@ -17,31 +17,16 @@ from numba import njit
 from specdec.kernels import formats, kquants, kquants_ir
 from specdec.kernels.q8k import natural_order, quantize_q8_k
 from fakes import one_thread
+from helpers import F16_FIELDS, random_weights, real_model_path
 
 T = gguf.GGMLQuantizationType
 FORMATS = [T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K]
-F16_FIELDS = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 HAS_DMIN = {T.Q2_K, T.Q4_K, T.Q5_K}
 # max |sc·q| and max |mn| of one value, for the float-rounding part of the error bound
 MAX_SCQ = {T.Q2_K: 15 * 3, T.Q3_K: 32 * 4, T.Q4_K: 63 * 15, T.Q5_K: 63 * 31, T.Q6_K: 128 * 32}
 MAX_MN = {T.Q2_K: 15, T.Q3_K: 0, T.Q4_K: 63, T.Q5_K: 63, T.Q6_K: 0}
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def random_weights(rng, qtype, n: int, nb: int, f16=None) -> np.ndarray:
-    """uint8 (n, nb·block_bytes): random bytes; the fp16 fields get ``f16`` (an fp16 value)
-    or random finite halves (zero, subnormal and normal, either sign, |v| < 1)."""
-    w = rng.integers(0, 256, (n, nb, formats.FORMATS[int(qtype)].type_size), dtype=np.uint8)
-    for o in F16_FIELDS[qtype]:
-        if f16 is None:
-            bits = (rng.integers(0, 2, (n, nb)) << 15) | (rng.integers(0, 15, (n, nb)) << 10) \
-                | rng.integers(0, 1024, (n, nb))
-            h = bits.astype(np.uint16)
-        else:
-            h = np.full((n, nb), np.float16(f16)).view(np.uint16)
-        w[:, :, o:o + 2] = h.view(np.uint8).reshape(n, nb, 2)
-    return w.reshape(n, -1)
 
 
 def matmul(qtype, w, x) -> np.ndarray:
@@ -280,7 +265,6 @@ def test_get_rows_bit_exact(qtype, seed, n, nb, n_ids):
 def test_real_tensors_zero_copy():
     """qwen2.5-coder-1.5b Q4_K_M: matmul on read-only memmap rows within the bound,
     get_rows bit-exact, M=1 vs M=3 bitwise."""
-    from conftest import real_model_path
 
     from specdec.gguf_file import GGUFFile
     g = GGUFFile(real_model_path("qwen2.5-coder-1.5b-instruct-q4_k_m"))
