@@ -19,7 +19,7 @@ Configurations (draft_n = --draft-n unless said; the draft model computes logits
   plain          the target alone
   model          draft model, threshold policy (up to draft_n, stop below --draft-p)
   prompt-lookup  n-grams of 2..16 tokens (--lookup-ngram-min/max), fixed length draft_n
-  lookup-adaptive prompt lookup, draft length 1..16 chosen online (specdec.policies)
+  lookup-adaptive prompt lookup, draft length 1..16 chosen online (specdec.speculation.policies)
   hybrid         lookup when it matches, else the draft model (threshold policy)
   adaptive       hybrid drafter, draft length 1..16 chosen online
 

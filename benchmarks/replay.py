@@ -42,7 +42,7 @@ import numpy as np
 
 import specdec
 from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, machine_info, write_json
-from specdec.drafters import PromptLookupDrafter
+from specdec.speculation.drafters import PromptLookupDrafter
 
 MS = range(1, 18)                       # rows per forward pass measured (draft-n up to 16, + 1)
 SCALES = (1.0, 0.75, 0.5, 0.35, 0.25)   # what-if factors for verification rows and draft passes

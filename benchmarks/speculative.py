@@ -29,7 +29,7 @@ from pathlib import Path
 import specdec
 from common import (QWEN_DRAFT, QWEN_TARGET, aggregate, completion_row, forward_ms,
                     load_prompts, machine_info, warm_up, write_json)
-from specdec.policies import expected_tokens
+from specdec.speculation.policies import expected_tokens
 
 DRAFT_N = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 DRAFT_P = (0.0, 0.5, 0.9)

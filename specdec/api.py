@@ -10,17 +10,19 @@ from __future__ import annotations
 import os
 from typing import Callable, Sequence
 
+import numpy as np
+
 from . import hub
 from .config import ModelConfig
-from .drafters import Drafter
+from .speculation.drafters import Drafter
 from .errors import ConfigError
 from .gguf_file import GGUFFile
 from .model import ModelSession, Weights
-from .policies import DraftPolicy
+from .speculation.policies import DraftPolicy
 from .request import Completion, DraftOptions, Runner
 from .sampling import SamplerParams
 from .tokenizer import Tokenizer
-from .trace import TraceSink
+from .speculation.trace import TraceSink
 
 DEFAULT_N_CTX = 4096
 

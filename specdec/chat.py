@@ -31,7 +31,7 @@ from .sampling import SamplerParams
 if TYPE_CHECKING:
     from .api import Model
     from .request import Completion
-    from .trace import TraceSink
+    from .speculation.trace import TraceSink
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
           "message['content'] + '<|im_end|>\\n' }}{% endfor %}"

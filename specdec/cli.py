@@ -22,7 +22,7 @@ from dataclasses import replace
 from . import hub
 from .console import COLORS, RESET, detail_lines, summary_line
 from .errors import ConfigError, SpecdecError
-from .policies import DRAFT_N_MAX
+from .speculation.policies import DRAFT_N_MAX
 
 EPILOG = """examples:
   specdec run -m qwen2.5-coder-1.5b-instruct-q4_k_m -md qwen2.5-coder-0.5b-instruct \\
@@ -244,7 +244,7 @@ def cmd_run(a) -> int:
         return _chat(a, target, options, first=prompt or None)
     text, chat = _model_prompt(a, target, prompt)
     from .printer import TokenPrinter
-    from .trace import JsonlTrace
+    from .speculation.trace import JsonlTrace
     if not a.no_display_prompt:
         sys.stdout.write(prompt + ("\n" if chat else ""))
         sys.stdout.flush()
@@ -338,7 +338,7 @@ def cmd_bench(a) -> int:
             raise ConfigError(f"--pair takes TARGET:DRAFT, got {p!r}")
         pairs.append((target, draft))
     models = [] if a.no_decode else (a.model or bench.DECODE_MODELS)
-    from .policies import check_draft_n
+    from .speculation.policies import check_draft_n
     for n in a.draft_n:
         check_draft_n(n)
     out_dir = a.out or bench.default_out_dir()

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError, SpecdecError
-from .trace import StepRecord
+from .speculation.trace import StepRecord
 
 
 class MissingExtraError(SpecdecError):

@@ -14,14 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .drafters import DRAFTER_NAMES, Drafter, check_lookup_options, make_drafter
+from .speculation.drafters import DRAFTER_NAMES, Drafter, check_lookup_options, make_drafter
 from .errors import ConfigError, ContextOverflowError
 from .generate import plain_steps
 from .interfaces import GenerationResult, OnToken, Session, SpecStats, Steps, Timings, drive
-from .policies import POLICY_NAMES, DraftPolicy, check_draft_n, check_draft_p, make_policy
+from .speculation.policies import POLICY_NAMES, DraftPolicy, check_draft_n, check_draft_p, make_policy
 from .sampling import NumpyRandom, SamplerParams
-from .speculative import speculative_steps
-from .trace import TraceSink
+from .speculation.speculative import speculative_steps
+from .speculation.trace import TraceSink
 
 if TYPE_CHECKING:
     from .api import Model

@@ -19,7 +19,7 @@ import gguf
 from fakes import PAIR_FACTORIES
 from specdec.kernels import formats
 from specdec.sampling import SamplerParams, probs
-from specdec.trace import StepRecord
+from specdec.speculation.trace import StepRecord
 
 T = gguf.GGMLQuantizationType
 

@@ -11,8 +11,8 @@ from specdec.chat import CHATML, Conversation, chat_prompt, common_prefix, rende
 from specdec.errors import ChatTemplateError, ConfigError
 from specdec.generate import generate_plain
 from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
-from specdec.speculative import generate_speculative
-from specdec.drafters import ModelDrafter
+from specdec.speculation.speculative import generate_speculative
+from specdec.speculation.drafters import ModelDrafter
 from synth import TinySpec
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'][0] | upper }}{{ m['content'] }}{% endfor %}"

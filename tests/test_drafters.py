@@ -16,14 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakes import PAIR_FACTORIES, RELATIONS, enumerate_outcomes
-from specdec.drafters import (HybridDrafter, Match, ModelDrafter, NgramIndex, PromptLookupDrafter,
+from specdec.speculation.drafters import (HybridDrafter, Match, ModelDrafter, NgramIndex, PromptLookupDrafter,
                               make_drafter)
 from specdec.errors import ConfigError, SpecdecError
 from specdec.generate import generate_plain
-from specdec.policies import (AdaptiveLength, FixedLength, StepFeedback, Threshold, best_n, best_n_by_position,
+from specdec.speculation.policies import (AdaptiveLength, FixedLength, StepFeedback, Threshold, best_n, best_n_by_position,
                               expected_tokens, make_policy)
 from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
-from specdec.speculative import generate_speculative
+from specdec.speculation.speculative import generate_speculative
 from helpers import ListTrace, factories, sampling_params, target_law
 
 KINDS = ("lookup", "lookup-full", "hybrid", "adaptive-model", "adaptive-lookup", "adaptive-hybrid",

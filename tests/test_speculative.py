@@ -14,16 +14,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import specdec.speculative as speculative
+import specdec.speculation.speculative as speculative
 from fakes import PAIR_FACTORIES, RELATIONS, FakeSession, PathRng, enumerate_outcomes
 from helpers import ListTrace, factories, sampling_params, target_law
-from specdec.drafters import ModelDrafter
+from specdec.speculation.drafters import ModelDrafter
 from specdec.errors import SpecdecError
 from specdec.generate import generate_plain
 from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
-from specdec.speculative import generate_speculative
-from specdec.trace import JsonlTrace, StepRecord, read_trace
-from specdec.verify import DraftProbabilityError, VerifyResult, alphas, overlap, residual, verify
+from specdec.speculation.speculative import generate_speculative
+from specdec.speculation.trace import JsonlTrace, StepRecord, read_trace
+from specdec.speculation.verify import DraftProbabilityError, VerifyResult, alphas, overlap, residual, verify
 
 # the same, with every factory but the first marked slow (sampling-heavy tests)
 factories_slow_tail = pytest.mark.parametrize("factory", [

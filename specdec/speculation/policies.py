@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from .errors import ConfigError
+from ..errors import ConfigError
 
 DRAFT_N_MAX = 16
 POLICY_NAMES = ("fixed", "threshold", "adaptive")

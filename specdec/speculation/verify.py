@@ -23,8 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import SpecdecError
-from .sampling import Rng
+from ..errors import SpecdecError
+from ..sampling import Rng
 
 
 class DraftProbabilityError(SpecdecError):

@@ -33,12 +33,12 @@ from typing import Callable, Collection, Sequence
 import numpy as np
 
 from .drafters import Draft, Drafter
-from .errors import IncompatibleDraftError
-from .generate import check_request, kept_prefix
-from .interfaces import (DrafterStats, Eval, GenerationResult, OnToken, Session, SpecStats, Steps,
+from ..errors import IncompatibleDraftError
+from ..generate import check_request, kept_prefix
+from ..interfaces import (DrafterStats, Eval, GenerationResult, OnToken, Session, SpecStats, Steps,
                          drive, make_timings)
 from .policies import DRAFT_N_MAX, DraftPolicy, FixedLength, StepFeedback, check_draft_n
-from .sampling import Rng, SamplerParams, probs_rows
+from ..sampling import Rng, SamplerParams, probs_rows
 from .trace import TraceSink, step_record
 from .verify import VerifyResult, verify
 

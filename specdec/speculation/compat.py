@@ -2,7 +2,7 @@
 common_speculative_are_compatible, reported as one line that says everything that differs."""
 from __future__ import annotations
 
-from .errors import IncompatibleDraftError
+from ..errors import IncompatibleDraftError
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128   # llama.cpp SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_START_TOKEN_ID = 5    # llama.cpp SPEC_VOCAB_CHECK_START_TOKEN_ID

@@ -1,0 +1,83 @@
+"""Drafters: whatever proposes the tokens the target then verifies.
+
+p is always the target's distribution, q the draft's.  A drafter returns, with every drafted
+token x_i, the full distribution q_i it was drawn from: speculative sampling is exact for any
+q as long as x_i ~ q_i given the context (Leviathan et al. 2023, Appendix A.1), so a drafter
+is free to be good or bad, but must never lie about q.
+
+The `Drafter` base class: `propose(context_ids, n_max, rng) -> Draft` with 0 <= n <= n_max
+tokens, then `accept(n_accepted, next_token)` once the target has verified them, and
+`reset()` between requests.  `propose` receives the whole accepted context, so a drafter can
+always re-derive its state from it; the hooks let it keep that cheap.  `key(context_ids)`
+names the kind of draft the next `propose` on that context will make (a function of the
+context alone, None by default), so that a draft-length policy can keep statistics per kind
+and pick the length before drafting (policies.AdaptiveLength); prompt lookup's keys are its
+match lengths.  `prefill(context_ids)` does a drafter's share of the prompt phase (the model
+drafter evaluates the prompt there, timed with the target's prefill as llama.cpp's
+speculative example times its encode phase, not as drafting).
+
+Drafters here, one module each: model.ModelDrafter (a small model), lookup.PromptLookupDrafter
+(copies what followed an earlier occurrence of the context's last n-gram; q is one-hot),
+hybrid.HybridDrafter (lookup when it matches, the model otherwise); base.py the interface.  `make_drafter` builds one from a name, a Model or a Drafter.
+Each Draft names its `source`, so statistics can be kept per drafter.
+"""
+from __future__ import annotations
+
+from ...errors import ConfigError
+from ...sampling import SamplerParams
+from ..compat import check_compatible
+from .base import Draft, Drafter
+from .hybrid import HybridDrafter
+from .lookup import Match, NgramIndex, PromptLookupDrafter, check_lookup_options
+from .model import ModelDrafter
+
+__all__ = ["DRAFTER_NAMES", "Draft", "Drafter", "HybridDrafter", "Match", "ModelDrafter",
+           "NgramIndex", "PromptLookupDrafter", "check_lookup_options", "make_drafter"]
+
+
+DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid")
+
+
+def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draft_p: float = 0.0,
+                 n_ctx: int | None = None, lookup_ngram_min: int = 2,
+                 lookup_ngram_max: int = 16, draft_vocab: int | None = None,
+                 lookup_copy_ratio: float = 1.0) -> Drafter:
+    """A Drafter for `target` (a specdec Model) from what the caller passed as `draft`:
+
+      a Drafter object (has `propose`)   used as is;
+      a Model                            ModelDrafter over its own session;
+      'model'                            ModelDrafter over `draft_model`;
+      'prompt-lookup'                    PromptLookupDrafter(lookup_ngram_max, lookup_ngram_min,
+                                         copy_ratio=lookup_copy_ratio);
+      'hybrid'                           HybridDrafter(prompt lookup, ModelDrafter(draft_model)).
+
+    draft_p: the model drafter's confidence floor (policy.p_min); draft_vocab: the draft model
+    computes logits for ids below it only (None: all).  The draft model's
+    vocabulary is checked against the target's (compat.check_compatible)."""
+    n_vocab = int(target.config.n_vocab)
+    n_ctx = int(n_ctx or target.n_ctx)
+
+    def model_drafter(m) -> ModelDrafter:
+        if m is None:
+            raise ConfigError(f"--draft {draft} needs a draft model (-md / draft_model=)")
+        check_compatible(target.tokenizer, m.tokenizer, target.name, m.name)
+        return ModelDrafter(m.session(n_ctx, n_logits=draft_vocab), params, draft_p, n_vocab=n_vocab)
+
+    def lookup() -> PromptLookupDrafter:
+        return PromptLookupDrafter(n_vocab, ngram_max=lookup_ngram_max, ngram_min=lookup_ngram_min,
+                                   copy_ratio=lookup_copy_ratio)
+
+    if isinstance(draft, str):
+        if draft == "model":
+            return model_drafter(draft_model)
+        if draft == "prompt-lookup":
+            return lookup()
+        if draft == "hybrid":
+            return HybridDrafter(lookup(), model_drafter(draft_model))
+        raise ConfigError(f"--draft must be one of {', '.join(DRAFTER_NAMES)}, got {draft!r}")
+    if isinstance(draft, Drafter):
+        return draft
+    if hasattr(draft, "session"):                     # a Model (api.py imports this module)
+        return model_drafter(draft)
+    raise ConfigError(f"draft= takes a Model, a Drafter or one of {', '.join(DRAFTER_NAMES)}; "
+                      f"got {type(draft).__name__}")

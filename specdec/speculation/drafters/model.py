@@ -1,0 +1,120 @@
+"""ModelDrafter: a small model drafts token by token on its own KV cache.
+
+p is always the target's distribution, q the draft's.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ...interfaces import Session
+from ...sampling import Rng, SamplerParams, probs, top_prob
+from ..policies import check_draft_p
+from .base import Draft, Drafter
+
+
+class ModelDrafter(Drafter):
+    """Drafts with a small model running on its own session (own KV cache).
+
+    Tokens are sampled one at a time from q = sampling.probs(draft logits, params), with the
+    same SamplerParams as the target (at temperature 0 the draft is greedy too).  Drafting
+    stops early when the draft's confidence, the largest probability of its plain softmax at
+    temperature 1 (no filters), is below draft_p: like llama.cpp's --draft-p-min, and measured
+    before warping because at temperature 0 q is one-hot and would always look certain.
+
+    Cache discipline: after `accept`, the draft cache holds a prefix of the accepted context:
+    everything up to the last drafted token that survived.  The tokens it lacks (the target's
+    correction or bonus, and an accepted last draft token, which was never evaluated) are
+    evaluated lazily in one batch at the start of the next `propose`.  `propose` also checks
+    the cache against the context it is given and rolls back to their common prefix, so no
+    state leaks between steps or requests even without the hooks.
+
+    n_vocab: the target's vocabulary size, when it differs from the draft's (padded
+    vocabularies): q is built on the ids both share and is zero elsewhere, so the draft never
+    proposes an id the target lacks, and q stays the exact law of the drafted tokens.  The
+    same holds when the draft session computes fewer logits (Session n_logits, --draft-vocab):
+    q lives on ids 0..n_logits-1, a cheaper draft that can never propose the rarer ids.
+    """
+
+    source = "model"
+
+    def __init__(self, session: Session, params: SamplerParams, draft_p: float = 0.0,
+                 n_vocab: int | None = None):
+        check_draft_p(draft_p)
+        self.session, self.params, self.draft_p = session, params, float(draft_p)
+        self.n_vocab = int(n_vocab if n_vocab is not None else session.n_vocab)
+        self._shared = min(self.n_vocab, session.n_logits)   # ids it may propose
+        self._cached: list[int] = []                        # ids in the draft cache, len == n_past
+        self._last: tuple[int, tuple[int, ...]] | None = None   # (context length, drafted) of the last proposal
+        session.reset()
+
+    def reset(self) -> None:
+        self.session.reset()
+        self._cached, self._last = [], None
+
+    def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
+        ctx = list(context_ids)
+        # room: the context plus every drafted token but the last must fit the draft cache
+        n_max = min(n_max, self.session.n_ctx - len(ctx) + 1)
+        self._last = (len(ctx), ())
+        if n_max <= 0 or not ctx:
+            return Draft.empty(self.n_vocab, self.source)
+        keep = _common_prefix(self._cached, ctx, len(ctx) - 1)    # the last id must be re-fed
+        self._truncate(keep)
+        logits = self._eval(ctx[keep:])                            # (V_draft,) catch-up, one batch
+        tokens: list[int] = []
+        qs: list[np.ndarray] = []
+        while True:
+            row = logits[: self._shared]                           # (V_shared,)
+            if self.draft_p > 0.0 and top_prob(row) < self.draft_p:
+                break
+            q = np.zeros(self.n_vocab, dtype=np.float64)           # (V,)
+            q[: self._shared] = probs(row, self.params)
+            x = int(rng.categorical(q))
+            tokens.append(x)
+            qs.append(q)
+            if len(tokens) >= n_max:
+                break                                              # the last draft is not evaluated
+            logits = self._eval([x])
+        self._last = (len(ctx), tuple(tokens))
+        q_mat = np.stack(qs) if qs else np.zeros((0, self.n_vocab))   # (n, V)
+        return Draft(tuple(tokens), q_mat, self.source)
+
+    def prefill(self, context_ids: Sequence[int]) -> None:
+        """Evaluate the context but its last id, in the prompt phase (as the target does), so
+        that the first `propose` only feeds that id."""
+        ctx = list(context_ids)
+        keep = _common_prefix(self._cached, ctx, len(ctx) - 1)
+        self._truncate(keep)
+        if len(ctx) - 1 > keep:
+            self._eval(ctx[keep:-1])
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        """Roll the cache back to the accepted part of the last proposal."""
+        if self._last is None:
+            return
+        n_ctx, drafted = self._last
+        if not 0 <= n_accepted <= len(drafted):
+            raise ValueError(f"accept: {n_accepted} accepted out of {len(drafted)} drafted")
+        self._truncate(min(len(self._cached), n_ctx + n_accepted))
+        self._last = None
+
+    def _eval(self, ids: list[int]) -> np.ndarray:
+        logits = self.session.eval(ids, last_only=True)[-1]       # (V_draft,)
+        self._cached.extend(ids)
+        return logits
+
+    def _truncate(self, n: int) -> None:
+        if n < len(self._cached):
+            self.session.truncate(n)
+            del self._cached[n:]
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the longest common prefix of a and b, at most limit."""
+    n = min(len(a), len(b), limit)
+    if a[:n] == b[:n]:
+        return n
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0])
