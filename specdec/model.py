@@ -8,6 +8,7 @@ kernel it calls is row-independent, so a row's logits are the same bits for any 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -140,13 +141,39 @@ def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, st
     head: an output layer to use instead of w.output (Session's n_logits: its first rows).
 
     Writes the new keys/values into `cache` at start_pos..start_pos+M-1 and sets n_past."""
-    M, H, Hkv, Dh, D = len(tokens), cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_model
-    cache.n_past = min(cache.n_past, start_pos)
-    cache.check_room(start_pos - cache.n_past + M)
-    pos = np.arange(start_pos, start_pos + M, dtype=np.int64)                    # (M,)
+    return _forward(cfg, w, [(cache, tokens, start_pos, last_only)], head)[0]
+
+
+def forward_batch(cfg: ModelConfig, weights: Weights, items, head: Linear | None = None) -> list[np.ndarray]:
+    """One forward pass over the new rows of several sequences of one model: items is a
+    sequence of (cache, tokens, last_only), each cache its own KVCache, its tokens (M_i,) at
+    positions cache.n_past..; returns each item's logits, (M_i, V) or (1, V) for last_only.
+
+    Every Linear runs once over all ΣM_i rows (the weights are read once per step), RoPE,
+    the KV store and attention per item over its own cache; every kernel is row-independent,
+    so each item's logits and cache contents are bitwise those of `forward` on it alone."""
+    return _forward(cfg, weights, [(c, t, c.n_past, lo) for c, t, lo in items], head)
+
+
+def _forward(cfg: ModelConfig, w: Weights, items, head: Linear | None) -> list[np.ndarray]:
+    """The body of forward and forward_batch.   items: (cache, tokens, start_pos, last_only)."""
+    H, Hkv, Dh, D = cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_model
+    toks = [np.asarray(t, np.int64) for _, t, _, _ in items]                      # (M_i,) each
+    if not items or min(len(t) for t in toks) == 0:
+        raise ValueError("forward needs at least one item, each with at least one token")
+    if len({id(it[0]) for it in items}) != len(items):
+        raise ValueError("forward_batch: each item needs its own KV cache")
+    for (cache, _, start, _), t in zip(items, toks):
+        cache.n_past = min(cache.n_past, start)
+        cache.check_room(start - cache.n_past + len(t))
+    ends = np.cumsum([len(t) for t in toks])                                      # (B,) row ends
+    rows = [slice(e - len(t), e) for t, e in zip(toks, ends)]                     # item i: x[rows[i]]
+    M = int(ends[-1])                                                             # ΣM_i
+    pos = np.concatenate([np.arange(s, s + len(t), dtype=np.int64)              # (M,) each row's
+                          for (_, _, s, _), t in zip(items, toks)])               # own position
     neox = cfg.rope_type == ROPE_NEOX
     gemma = cfg.arch == "gemma3"
-    x = kernels.get_rows(w.tok_embd, w.tok_embd_type, np.asarray(tokens, np.int64), D)  # (M, D)
+    x = kernels.get_rows(w.tok_embd, w.tok_embd_type, np.concatenate(toks), D)  # (M, D)
     if cfg.embed_scale != 1.0:
         x *= np.float32(cfg.embed_scale)
     h = np.empty_like(x)                                                         # (M, D)
@@ -164,34 +191,40 @@ def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, st
         base = cfg.rope_base_local if local else cfg.rope_base
         if base not in rope_cs:
             rope_cs[base] = rope_cos_sin(pos, cfg.rope_dim, base)               # (M, rope_dim/2, 2)
-        rope_apply(q, rope_cs[base], neox)
+        rope_apply(q, rope_cs[base], neox)                                       # row m at pos[m]
         rope_apply(k, rope_cs[base], neox)
-        cache.store(il, start_pos, k, v)
         if gemma:                    # llama.cpp scales Q, then attends with kq_scale 1
             q *= np.float32(cfg.attn_scale)
-        attention(q, cache.k[il], cache.v[il], pos, np.float32(1.0 if gemma else cfg.attn_scale),
-                  cfg.sliding_window if local else 0, att)
+        for (cache, _, start, _), r in zip(items, rows):
+            cache.store(il, start, k[r], v[r])                                   # (M_i, Hkv, Dh)
+            attention(q[r], cache.k[il], cache.v[il], pos[r],                    # (M_i, H, Dh)
+                      np.float32(1.0 if gemma else cfg.attn_scale),
+                      cfg.sliding_window if local else 0, att[r])
         o = L.wo(att.reshape(M, H * Dh))                                         # (M, D)
         if L.post_attn_norm is not None:
             rms_norm(o, L.post_attn_norm, cfg.norm_eps, o)
         x += o
         rms_norm(x, L.ffn_norm, cfg.norm_eps, h)
         gate, up = L.w_gate(h), L.w_up(h)                                        # (M, F) each
-        (geglu if cfg.arch == "gemma3" else swiglu)(gate, up, gate)
+        (geglu if gemma else swiglu)(gate, up, gate)
         f = L.w_down(gate)                                                       # (M, D)
         if L.post_ffn_norm is not None:
             rms_norm(f, L.post_ffn_norm, cfg.norm_eps, f)
         x += f
-    cache.n_past = start_pos + M
-    if last_only:
-        x = x[-1:]
+    for (cache, _, start, _), t in zip(items, toks):
+        cache.n_past = start + len(t)
+    last = [lo for _, _, _, lo in items]
+    if any(last):                    # the rows that need logits: an item's last, or all of them
+        x = x[np.concatenate([np.arange(r.stop - 1 if lo else r.start, r.stop)
+                              for r, lo in zip(rows, last)])]                   # (ΣM'_i, D)
     rms_norm(x, w.out_norm, cfg.norm_eps, x)
-    logits = (head or w.output)(x)                                               # (M, V)
+    logits = (head or w.output)(x)                                               # (ΣM'_i, V)
     if cfg.final_logit_softcap > 0:                  # gemma3 files that set one
         logits *= np.float32(1.0 / cfg.final_logit_softcap)
         np.tanh(logits, out=logits)
         logits *= np.float32(cfg.final_logit_softcap)
-    return logits
+    n_kept = [1 if lo else len(t) for t, lo in zip(toks, last)]                   # M'_i: 1 or M_i
+    return np.split(logits, np.cumsum(n_kept)[:-1])                              # (M'_i, V) each
 
 
 class ModelSession(Session):
@@ -222,17 +255,44 @@ class ModelSession(Session):
     n_past = property(lambda self: self.cache.n_past)
 
     def eval(self, tokens, last_only: bool = False) -> np.ndarray:
+        tokens = self._checked(tokens)
+        return forward(self.cfg, self.weights, self.cache, tokens, self.cache.n_past, last_only,
+                       self._head)
+
+    def _checked(self, tokens) -> np.ndarray:
+        """tokens as (M,) int64 after the checks of eval: non-empty, ids in range, room left."""
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.ndim != 1 or len(tokens) == 0:
             raise ValueError("eval needs a non-empty 1-D sequence of token ids")
         if tokens.min() < 0 or tokens.max() >= self.cfg.n_vocab:
             raise ValueError(f"token id out of range 0..{self.cfg.n_vocab - 1}")
         self.cache.check_room(len(tokens))
-        return forward(self.cfg, self.weights, self.cache, tokens, self.cache.n_past, last_only,
-                       self._head)
+        return tokens
 
     def truncate(self, n: int) -> None:
         self.cache.truncate(n)
 
     def reset(self) -> None:
         self.cache.truncate(0)
+
+
+def eval_batch(sessions, token_lists, last_only: bool | Sequence[bool] = False) -> list[np.ndarray]:
+    """Session.eval of each session on its own tokens, in one batched forward pass
+    (forward_batch): the weights are read once for all of them, and each session's logits
+    (M_i, n_logits) — or (1, n_logits) where its last_only is set — and cache are bitwise
+    those its own eval gives.   The sessions must be distinct and share one model's weights
+    and n_logits; every check is made before any cache changes."""
+    sessions = list(sessions)
+    token_lists = list(token_lists)
+    last = [bool(last_only)] * len(sessions) if np.ndim(last_only) == 0 else [bool(b) for b in last_only]
+    if not sessions or len(token_lists) != len(sessions) or len(last) != len(sessions):
+        raise ValueError("eval_batch needs one token list (and last_only) per session, and a session")
+    s0 = sessions[0]
+    if len({id(s) for s in sessions}) != len(sessions):
+        raise ValueError("eval_batch: a session appears twice")
+    if any(s.weights is not s0.weights or s.cfg is not s0.cfg or s.n_logits != s0.n_logits
+           for s in sessions):
+        raise ValueError("eval_batch: the sessions must share one model's weights and n_logits")
+    toks = [s._checked(t) for s, t in zip(sessions, token_lists)]
+    return forward_batch(s0.cfg, s0.weights, [(s.cache, t, lo) for s, t, lo in zip(sessions, toks, last)],
+                         s0._head)
