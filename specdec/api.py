@@ -69,7 +69,7 @@ class Model:
         """messages [{'role': 'system'|'user'|'assistant', 'content': str}, ...] in this model's
         own chat template (GGUF tokenizer.chat_template; ChatML if it has none), as prompt
         text for `generate`.  Multi-turn chats that keep their KV cache: specdec.Conversation."""
-        from .chat import chat_prompt
+        from .template import chat_prompt
         return chat_prompt(self.tokenizer, messages, add_generation_prompt)
 
     # -- numbers -------------------------------------------------------------------------
