@@ -16,7 +16,7 @@ import numpy as np
 from . import hub
 from .config import ModelConfig
 from .drafters import Drafter, make_drafter
-from .errors import ConfigError, ContextOverflowError
+from .errors import ConfigError, ContextOverflowError, GGUFError
 from .generate import GenerationResult, Timings, generate_plain
 from .gguf_file import GGUFFile
 from .model import Session, Weights
@@ -51,6 +51,9 @@ class Model:
         self.gguf = GGUFFile(path, mmap=mmap)
         self.config = ModelConfig.from_gguf(self.gguf)
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata, self.path)
+        if self.tokenizer.n_vocab > self.config.n_vocab:
+            raise GGUFError(f"{self.path}: the vocabulary has {self.tokenizer.n_vocab} tokens but "
+                            f"token_embd.weight only {self.config.n_vocab} rows")
         self.weights = Weights.from_gguf(self.gguf, self.config, activations)
         self.n_ctx = int(n_ctx or min(DEFAULT_N_CTX, self.config.n_ctx_train))
 
@@ -76,7 +79,7 @@ class Model:
     def session(self, n_ctx: int | None = None, n_logits: int | None = None) -> Session:
         """A fresh KV cache over this model's weights (each holds its own context); n_logits:
         compute the logits of ids below it only (model.Session)."""
-        return Session(self.config, self.weights, int(n_ctx or self.n_ctx), n_logits)
+        return Session(self.config, self.weights, int(n_ctx or self.n_ctx), n_logits, source=self.path)
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """(len(ids), n_vocab) float32 logits of one fresh forward pass over ids."""
