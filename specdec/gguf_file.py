@@ -30,6 +30,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .errors import GGUFError
+from .resources import check_fits
 
 GGUF_MAGIC = b"GGUF"
 MAX_ARRAY_DEPTH = 8          # arrays of arrays of ...: no real file nests more than twice
@@ -152,6 +153,9 @@ class GGUFFile:
         self.file_size = p.stat().st_size
         if self.file_size < 24:
             raise GGUFError(f"{self.path}: not a GGUF file ({self.file_size} bytes, too short)")
+        if not mmap:
+            check_fits(self.file_size, f"{self.path}: reading the file into memory (--no-mmap)",
+                       "load it mapped (without --no-mmap)")
         self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if mmap else _read_all(self.path)
         self.metadata, self.tensors, self.data_start = self._parse(memoryview(self._mm))
 
