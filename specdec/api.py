@@ -15,12 +15,13 @@ import numpy as np
 from . import hub
 from .config import ModelConfig
 from .speculation.drafters import Drafter
-from .errors import ConfigError
+from .errors import ConfigError, GGUFError
 from .gguf_file import GGUFFile
 from .model import ModelSession, Weights
 from .speculation.policies import DraftPolicy
 from .request import Completion, DraftOptions, Runner
 from .sampling import SamplerParams
+from .template import chat_prompt
 from .tokenizer import Tokenizer
 from .speculation.trace import TraceSink
 
@@ -38,6 +39,9 @@ class Model:
         self.gguf = GGUFFile(path, mmap=mmap)
         self.config = ModelConfig.from_gguf(self.gguf)
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata, self.path)
+        if self.tokenizer.n_vocab > self.config.n_vocab:
+            raise GGUFError(f"{self.path}: the vocabulary has {self.tokenizer.n_vocab} tokens but "
+                            f"token_embd.weight only {self.config.n_vocab} rows")
         self.weights = Weights.from_gguf(self.gguf, self.config, activations)
         self.n_ctx = int(n_ctx or min(DEFAULT_N_CTX, self.config.n_ctx_train))
 
@@ -56,14 +60,14 @@ class Model:
         """messages [{'role': 'system'|'user'|'assistant', 'content': str}, ...] in this model's
         own chat template (GGUF tokenizer.chat_template; ChatML if it has none), as prompt
         text for `generate`.  Multi-turn chats that keep their KV cache: specdec.Conversation."""
-        from .chat import chat_prompt
         return chat_prompt(self.tokenizer, messages, add_generation_prompt)
 
     # -- numbers -------------------------------------------------------------------------
     def session(self, n_ctx: int | None = None, n_logits: int | None = None) -> ModelSession:
         """A fresh KV cache over this model's weights (each holds its own context); n_logits:
         compute the logits of ids below it only (model.ModelSession)."""
-        return ModelSession(self.config, self.weights, int(n_ctx or self.n_ctx), n_logits)
+        return ModelSession(self.config, self.weights, int(n_ctx or self.n_ctx), n_logits,
+                            source=self.path)
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """(len(ids), n_vocab) float32 logits of one fresh forward pass over ids."""
@@ -94,7 +98,7 @@ class Model:
         tokens copies at most lookup_copy_ratio · n of them, 0: draft_n); see
         drafters.make_drafter.  draft_policy: 'threshold' (up to draft_n, model drafts stop
         below confidence draft_p), 'fixed' (draft_n) or 'adaptive' (1..draft_n chosen from
-        the measured acceptance and costs), or a DraftPolicy object; see specdec.policies.
+        the measured acceptance and costs), or a DraftPolicy object; see specdec.speculation.policies.
         draft_vocab: the draft model computes logits for token ids below it only (a cheaper
         draft over the common tokens; exactness is unaffected); None: all."""
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]

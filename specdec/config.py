@@ -4,10 +4,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import UnsupportedModelError
+from .errors import GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
+MAX_COUNT = 1 << 24      # bound on every integer hyper-parameter (layers, widths, context)
 
 # RoPE variants, as llama.cpp's llama_model_rope_type assigns them:
 # NORM rotates adjacent pairs (x[2i], x[2i+1]); NEOX rotates halves (x[i], x[i + d/2]).
@@ -57,23 +58,46 @@ class ModelConfig:
             full = f"{arch}.{name}"
             return gf.require(full) if default is None else gf.get(full, default)
 
-        d_model, n_head = int(key("embedding_length")), int(key("attention.head_count"))
-        n_head_kv = int(key("attention.head_count_kv", n_head))
-        d_head = int(key("attention.key_length", d_model // n_head))
+        def count(name, default=None, lo=1, hi=MAX_COUNT) -> int:
+            """An integer hyper-parameter in lo..hi (a lying file gets a one-line error)."""
+            v = key(name, default)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise GGUFError(f"{gf.path}: {arch}.{name} is {v!r:.40}, expected an integer in {lo}..{hi}")
+            return v
+
+        def real(name, default, lo=0.0) -> float:
+            """A finite float hyper-parameter >= lo."""
+            v = key(name, default)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
+                raise GGUFError(f"{gf.path}: {arch}.{name} is {v!r:.40}, expected a finite number >= {lo:g}")
+            return float(v)
+
+        d_model, n_head = count("embedding_length"), count("attention.head_count")
+        n_head_kv = count("attention.head_count_kv", n_head)
+        if n_head % n_head_kv:
+            raise GGUFError(f"{gf.path}: {n_head} attention heads do not divide into {n_head_kv} key/value heads")
+        d_head = count("attention.key_length", max(d_model // n_head, 1))
         emb = gf.tensors.get("token_embd.weight")
-        n_vocab = emb.dims[1] if emb is not None else len(gf.require("tokenizer.ggml.tokens"))
-        n_layer = int(key("block_count"))
+        if emb is None:
+            raise GGUFError(f"{gf.path}: missing tensor 'token_embd.weight'")
+        if len(emb.dims) != 2:
+            raise GGUFError(f"{gf.path}: tensor 'token_embd.weight' has shape {list(emb.dims)}, expected 2-D")
+        n_vocab = emb.dims[1]
+        n_layer = count("block_count")
+        rope_dim = count("rope.dimension_count", d_head, lo=2, hi=d_head)
+        if rope_dim % 2:
+            raise GGUFError(f"{gf.path}: {arch}.rope.dimension_count {rope_dim} is odd")
         attn_scale = 1.0 / math.sqrt(d_head)
         sliding, softcap = 0, 0.0
         if arch == "gemma3":
             # llama.cpp (llama_model::load_hparams, LLM_ARCH_GEMMA3): SWA only when the file
             # gives a window; 1/sqrt(n_embd / n_head) for the 62-layer 27B, else
             # 1/sqrt(head size); a final logit softcap only when the file sets one.
-            sliding = int(key("attention.sliding_window", 0))
-            softcap = float(key("final_logit_softcapping", 0.0))
+            sliding = count("attention.sliding_window", 0, lo=0)
+            softcap = real("final_logit_softcapping", 0.0)
             if n_layer == 62:
-                attn_scale = 1.0 / math.sqrt(d_model // n_head)
-            factor = float(key("rope.scaling.factor", 0.0))
+                attn_scale = 1.0 / math.sqrt(max(d_model // n_head, 1))
+            factor = real("rope.scaling.factor", 0.0)
             if factor not in (0.0, 1.0):
                 raise UnsupportedModelError(
                     f"{gf.path}: RoPE scaling (factor {factor:g}) is not supported")
@@ -81,12 +105,12 @@ class ModelConfig:
             arch=arch,
             n_layer=n_layer,
             d_model=d_model, n_head=n_head, n_head_kv=n_head_kv, d_head=d_head,
-            d_ff=int(key("feed_forward_length")),
+            d_ff=count("feed_forward_length"),
             n_vocab=int(n_vocab),
-            n_ctx_train=int(key("context_length", 2048)),
-            norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_base=float(key("rope.freq_base", 10000.0)),
-            rope_dim=int(key("rope.dimension_count", d_head)),
+            n_ctx_train=count("context_length", 2048),
+            norm_eps=real("attention.layer_norm_rms_epsilon", 1e-5),
+            rope_base=real("rope.freq_base", 10000.0, lo=1e-6),
+            rope_dim=rope_dim,
             rope_type=_ROPE_TYPE[arch],
             attn_scale=attn_scale,
             sliding_window=sliding,

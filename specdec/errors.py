@@ -31,3 +31,11 @@ class ConfigError(SpecdecError):
 
 class ChatTemplateError(SpecdecError):
     """The model's chat template cannot be rendered for these messages."""
+
+
+class NumericalError(SpecdecError):
+    """The model computed non-finite logits: its weights are corrupt or out of range."""
+
+
+class ResourceError(SpecdecError):
+    """What was asked for (a context, a file read into memory) does not fit in this machine."""

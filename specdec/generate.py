@@ -8,7 +8,7 @@ when `on_token` returns True (a front-end's stop string; the token is kept).
 Written once, as a coroutine over target passes (`plain_steps` yields interfaces.Eval and is
 sent the logits); `generate_plain` drives it alone, the server batches it with others.
 
-Timing convention (shared with specdec.speculative): prompt_s is the batched prompt
+Timing convention (shared with specdec.speculation.speculative): prompt_s is the batched prompt
 evaluation; decode_s is everything after it, sampling included; tokens_per_s is the number of
 generated tokens over decode_s.
 

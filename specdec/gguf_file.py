@@ -30,8 +30,10 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .errors import GGUFError
+from .resources import check_fits
 
 GGUF_MAGIC = b"GGUF"
+MAX_ARRAY_DEPTH = 8          # arrays of arrays of ...: no real file nests more than twice
 
 _SCALAR = {  # value type -> (struct format, numpy dtype)
     GGUFValueType.UINT8: ("<B", np.uint8), GGUFValueType.INT8: ("<b", np.int8),
@@ -92,31 +94,41 @@ class _Cursor:
 
     def string(self) -> str:
         n = self.scalar("<Q")
-        if n > len(self.buf):
-            raise GGUFError(f"{self.path}: corrupt string length {n} at offset {self.pos - 8}")
+        if n > len(self.buf) - self.pos:
+            raise GGUFError(f"{self.path}: corrupt string length {n} at offset {self.pos - 8} "
+                            f"(the file has {len(self.buf) - self.pos} bytes left)")
         return bytes(self.take(n)).decode("utf-8", errors="replace")
 
-    def value(self, vtype: int):
+    def value(self, vtype: int, depth: int = 0):
         if vtype == GGUFValueType.STRING:
             return self.string()
         if vtype == GGUFValueType.ARRAY:
-            return self.array()
+            return self.array(depth)
         if vtype not in _SCALAR:
             raise GGUFError(f"{self.path}: unknown metadata value type {vtype} at offset {self.pos - 4}")
         v = self.scalar(_SCALAR[vtype][0])
         return bool(v) if vtype == GGUFValueType.BOOL else v
 
-    def array(self) -> list:
+    def array(self, depth: int = 0) -> list:
+        """An array value; its length is checked against the bytes left before anything is
+        built (each element takes at least min_size bytes), nesting against MAX_ARRAY_DEPTH."""
+        at = self.pos
         etype, n = self.scalar("<I"), self.scalar("<Q")
+        if depth >= MAX_ARRAY_DEPTH:
+            raise GGUFError(f"{self.path}: arrays nested deeper than {MAX_ARRAY_DEPTH} at offset {at}")
+        if etype in _SCALAR:
+            min_size = np.dtype(_SCALAR[etype][1]).itemsize
+        elif etype in (GGUFValueType.STRING, GGUFValueType.ARRAY):
+            min_size = 8 if etype == GGUFValueType.STRING else 12
+        else:
+            raise GGUFError(f"{self.path}: unknown array element type {etype} at offset {at}")
+        if n > (len(self.buf) - self.pos) // min_size:
+            raise GGUFError(f"{self.path}: corrupt array length {n} at offset {at + 4} "
+                            f"(the file has {len(self.buf) - self.pos} bytes left)")
         if etype == GGUFValueType.STRING:
-            out = []
-            for _ in range(n):
-                out.append(self.string())
-            return out
+            return [self.string() for _ in range(n)]
         if etype == GGUFValueType.ARRAY:
-            return [self.array() for _ in range(n)]
-        if etype not in _SCALAR:
-            raise GGUFError(f"{self.path}: unknown array element type {etype} at offset {self.pos - 12}")
+            return [self.array(depth + 1) for _ in range(n)]
         dtype = np.dtype(_SCALAR[etype][1])
         raw = self.take(n * dtype.itemsize)
         return np.frombuffer(raw, dtype=dtype).tolist()
@@ -141,6 +153,9 @@ class GGUFFile:
         self.file_size = p.stat().st_size
         if self.file_size < 24:
             raise GGUFError(f"{self.path}: not a GGUF file ({self.file_size} bytes, too short)")
+        if not mmap:
+            check_fits(self.file_size, f"{self.path}: reading the file into memory (--no-mmap)",
+                       "load it mapped (without --no-mmap)")
         self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if mmap else _read_all(self.path)
         self.metadata, self.tensors, self.data_start = self._parse(memoryview(self._mm))
 
@@ -156,19 +171,27 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: corrupt header ({n_tensors} tensors, {n_kv} keys)")
         meta: dict[str, object] = {}
         for _ in range(n_kv):
+            at = cur.pos
             key = cur.string()
+            if key in meta:
+                raise GGUFError(f"{self.path}: duplicate metadata key {key!r} at offset {at}")
             meta[key] = cur.value(cur.scalar("<I"))
         raw_infos = []
+        names: set[str] = set()
         for _ in range(n_tensors):
             name = cur.string()
+            if name in names:
+                raise GGUFError(f"{self.path}: duplicate tensor name {name!r}")
+            names.add(name)
             n_dims = cur.scalar("<I")
             if not 1 <= n_dims <= 4:
                 raise GGUFError(f"{self.path}: tensor {name!r} has {n_dims} dimensions")
             dims = tuple(cur.scalar("<Q") for _ in range(n_dims))
             raw_infos.append((name, dims, cur.scalar("<I"), cur.scalar("<Q")))
-        align = int(meta.get("general.alignment", 32))
-        if align <= 0 or align & (align - 1):
-            raise GGUFError(f"{self.path}: general.alignment {align} is not a power of two")
+        align = meta.get("general.alignment", 32)
+        if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1) \
+                or align > 1 << 30:
+            raise GGUFError(f"{self.path}: general.alignment {align!r:.40} is not a power of two up to 2^30")
         data_start = -(-cur.pos // align) * align
         tensors = {}
         for name, dims, gtype, rel in raw_infos:
@@ -191,7 +214,10 @@ class GGUFFile:
                             f"the {qtype.name} block size {block}")
         if rel % align:
             raise GGUFError(f"{self.path}: tensor {name!r} offset {rel} is not {align}-byte aligned")
-        n_bytes = int(np.prod(dims, dtype=np.int64)) // block * type_size
+        n_elems = 1
+        for d in dims:                       # Python ints: a lying dim cannot wrap around
+            n_elems *= d
+        n_bytes = n_elems // block * type_size
         start = data_start + rel
         if start + n_bytes > self.file_size:
             raise GGUFError(f"{self.path}: truncated: tensor {name!r} needs bytes {start}..{start + n_bytes} "

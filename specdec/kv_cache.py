@@ -11,7 +11,8 @@ import numpy as np
 
 from .kernels.attention import KV_BLOCK
 
-from .errors import ContextOverflowError
+from .errors import ConfigError, ContextOverflowError
+from .resources import check_fits
 
 
 class KVCache:
@@ -21,11 +22,20 @@ class KVCache:
     Positions 0..n_past-1 are valid."""
 
     def __init__(self, n_layer: int, n_head_kv: int, n_ctx: int, d_head: int):
+        if n_ctx < 1:
+            raise ConfigError(f"--ctx-size must be >= 1, got {n_ctx}")
+        check_fits(self.bytes_for(n_layer, n_head_kv, n_ctx, d_head), f"a KV cache for --ctx-size {n_ctx}",
+                   "use a smaller --ctx-size")
         n_blocks = -(-n_ctx // KV_BLOCK)
         self.k = np.zeros((n_layer, n_head_kv, n_blocks, d_head, KV_BLOCK), dtype=np.float32)
         self.v = np.zeros((n_layer, n_head_kv, n_ctx, d_head), dtype=np.float32)
         self.n_ctx = n_ctx
         self.n_past = 0
+
+    @staticmethod
+    def bytes_for(n_layer: int, n_head_kv: int, n_ctx: int, d_head: int) -> int:
+        """Bytes of k and v for this shape (keys padded to whole KV_BLOCKs), before allocating."""
+        return 4 * n_layer * n_head_kv * d_head * (-(-n_ctx // KV_BLOCK) * KV_BLOCK + n_ctx)
 
     @property
     def nbytes(self) -> int:

@@ -173,7 +173,16 @@ class Tokenizer:
     @classmethod
     def from_metadata(cls, meta: Mapping[str, object], source: str) -> Tokenizer:
         """Build from GGUF metadata (key -> value) as llama_vocab::impl::load does;
-        `source` names the file in errors."""
+        `source` names the file in errors.  Metadata of the wrong type (a string where ids
+        are, a number where a list is) is a one-line TokenizerError too."""
+        try:
+            return cls._from_metadata(meta, source)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as e:
+            raise TokenizerError(f"{source}: malformed tokenizer metadata "
+                                 f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
+
+    @classmethod
+    def _from_metadata(cls, meta: Mapping[str, object], source: str) -> Tokenizer:
         if "tokenizer.ggml.model" not in meta:
             raise TokenizerError(f"{source}: no tokenizer in the file (tokenizer.ggml.model is missing)")
         model = str(meta["tokenizer.ggml.model"])
