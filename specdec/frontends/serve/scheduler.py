@@ -196,8 +196,10 @@ class _Active:
 
 
 def run_evals(evals: Sequence[Eval]) -> list:
-    """Every Eval's logits; those over one model's weights (and n_logits) in one
-    model.eval_batch pass.  Raises what a lone eval would raise."""
+    """Every Eval's logits, or the exception its own eval raised (one failing request fails
+    alone); the Evals over one model's weights (and n_logits) run as one model.eval_batch
+    pass.  eval_batch checks every sequence before it changes any cache, so a refused batch
+    is rerun eval by eval; an eval that succeeded is never run twice."""
     batch = getattr(engine_model, "eval_batch", None)
     out: list = [None] * len(evals)
     groups: dict[tuple, list[int]] = {}
@@ -205,15 +207,21 @@ def run_evals(evals: Sequence[Eval]) -> list:
         w = getattr(ev.session, "weights", None)
         key = (id(w), ev.session.n_logits) if w is not None and batch is not None else ("own", i)
         groups.setdefault(key, []).append(i)
-    for key, idx in groups.items():
-        if len(idx) == 1:
-            ev = evals[idx[0]]
-            out[idx[0]] = ev.session.eval(ev.tokens, last_only=ev.last_only)
-        else:
-            got = batch([evals[i].session for i in idx], [evals[i].tokens for i in idx],
-                        [evals[i].last_only for i in idx])
-            for i, lg in zip(idx, got):
-                out[i] = lg
+    for idx in groups.values():
+        if len(idx) > 1:
+            try:
+                got = batch([evals[i].session for i in idx], [evals[i].tokens for i in idx],
+                            [evals[i].last_only for i in idx])
+                for i, lg in zip(idx, got):
+                    out[i] = lg
+                continue
+            except Exception:                           # noqa: BLE001 - find who fails, alone
+                pass
+        for i in idx:
+            try:
+                out[i] = evals[i].session.eval(evals[i].tokens, last_only=evals[i].last_only)
+            except Exception as e:                      # noqa: BLE001
+                out[i] = e
     return out
 
 
@@ -341,15 +349,7 @@ class Scheduler:
         self.batch_size = len(batch)
         t0 = time.perf_counter()
         evals = [a.pending for a in batch]
-        try:
-            logits = run_evals(evals)
-        except Exception:                               # noqa: BLE001 - find who failed, alone
-            logits = []
-            for ev in evals:
-                try:
-                    logits.append(run_evals([ev])[0])
-                except Exception as e:                  # noqa: BLE001
-                    logits.append(e)
+        logits = run_evals(evals)
         for a, lg in zip(batch, logits):
             if isinstance(lg, Exception):
                 a.steps.close()
