@@ -143,8 +143,10 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("-a", "--alias", default=None, metavar="NAME",
                    help="model name in the API (default: the -m argument)")
     g.add_argument("--draft-caps", default=None, metavar="B:N,...",
-                   help="most tokens a greedy request drafts per step from batch size B up, "
-                        "e.g. 1:-,2:4,3:2,5:0 ('-': uncapped; default: measured, docs/serve.md)")
+                   help="most tokens a greedy request drafting with a model drafts per step from "
+                        "batch size B up ('-': uncapped; default: 1:-,2:0, docs/serve.md)")
+    g.add_argument("--lookup-caps", default=None, metavar="B:N,...",
+                   help="the same for prompt lookup (default: 1:-,2:4,3:3,4:2,5:1,8:0)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -247,17 +247,18 @@ def test_metrics_in_prometheus_format(server):
         assert f"# TYPE {name} " in text
     m = server.metrics()
     assert m['specdec_requests_total{status="ok"}'] >= 1 and m["specdec_draft_tokens_total"] > 0
-    assert m['specdec_draft_cap{batch_size="1"}'] == -1
+    assert m['specdec_draft_cap{drafter="model",batch_size="1"}'] == -1
+    assert m['specdec_draft_cap{drafter="prompt-lookup",batch_size="2"}'] == 4
 
 
 def test_full_queue_answers_503_and_sigterm_drains(model_files, tmp_path):
     target, _ = model_files
-    s = Server(["-m", str(target), "-np", "1", "--queue-size", "0", "-c", "256"], tmp_path / "log")
+    s = Server(["-m", str(target), "-np", "1", "--queue-size", "0", "-c", "2048"], tmp_path / "log")
     try:
         got = {}
 
         def long():
-            got["text"] = complete(s, "abc", 200)[0]
+            got["text"] = complete(s, "abc", 2000)[0]             # busy for seconds
         t = threading.Thread(target=long)
         t.start()
         deadline = time.monotonic() + 20

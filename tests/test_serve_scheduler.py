@@ -209,12 +209,14 @@ def test_text_tracker_holds_back_a_possible_stop(models):
 
 
 def test_draft_caps():
-    caps = DraftCaps.parse("1:-,2:4,4:0")
+    caps = DraftCaps(DraftCaps.parse_table("1:-,2:4,4:0"))
     assert [caps.cap(b) for b in (1, 2, 3, 4, 9)] == [None, 4, 4, 0, 0]
     assert DraftCaps({3: 1}).cap(1) is None
+    assert [DraftCaps().cap(b, lookup=True) for b in (1, 2, 3, 4, 5, 8)] == [None, 4, 3, 2, 1, 0]
+    assert [DraftCaps().cap(b) for b in (1, 2, 8)] == [None, 0, 0]
     for bad in ("2", "0:1", "x:y", "2:-3"):
         with pytest.raises(Exception):
-            DraftCaps.parse(bad)
+            DraftCaps.parse_table(bad)
 
 
 def test_greedy_drafts_are_capped_under_load(models):

@@ -165,7 +165,8 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(scheduler.metrics.render(scheduler.gauges(), scheduler.caps.table),
+        return PlainTextResponse(scheduler.metrics.render(
+            scheduler.gauges(), {"model": scheduler.caps.table, "prompt-lookup": scheduler.caps.lookup}),
                                  media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")

@@ -23,7 +23,7 @@ def serve(a, *, load, draft_options, set_threads, log) -> int:
         raise ConfigError("--ctx-size and --threads must be >= 0")
     params = SamplerParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
     options = draft_options(a)
-    caps = DraftCaps.parse(a.draft_caps) if a.draft_caps else DraftCaps()
+    caps = DraftCaps.parse(a.draft_caps, a.lookup_caps)
     if a.threads:
         set_threads(a.threads)
     target = load(a.model, a.ctx_size, a.activations, not a.no_mmap)
@@ -44,5 +44,5 @@ def serve(a, *, load, draft_options, set_threads, log) -> int:
                          draft)
     log(f"specdec: {a.parallel} slots of {scheduler.n_ctx} tokens, drafting: "
         f"{options.kind or 'none'}" + (f" (n {options.n}, {options.policy})" if options.enabled else "")
-        + f"; draft caps by batch size {caps.table}")
+        + f"; greedy draft caps by batch size: model {caps.table}, prompt lookup {caps.lookup}")
     return run_server(create_app(scheduler, config), a.host, a.port, log=log)

@@ -47,9 +47,9 @@ class Metrics:
             self.last_batch_size, self.last_batch_rows = n_sequences, n_rows
 
     def render(self, gauges: dict[str, tuple[str, float]],
-               draft_caps: dict[int, int | None]) -> str:
+               draft_caps: dict[str, dict[int, int | None]]) -> str:
         """The exposition text: these counters, the scheduler's gauges {name: (help, value)}
-        and the draft cap per batch size (-1: uncapped)."""
+        and the draft cap per drafter and batch size {drafter: {B: cap}} (-1: uncapped)."""
         out: list[str] = []
 
         def metric(name: str, kind: str, help_: str, samples) -> None:
@@ -92,7 +92,8 @@ class Metrics:
             metric(name, "gauge", help_, [({}, value)])
         metric("draft_cap", "gauge", "most tokens a greedy request drafts per step at a batch "
                "size from this one up (-1: its own policy, uncapped); sampled requests are never capped",
-               [({"batch_size": str(b)}, -1 if c is None else c) for b, c in sorted(draft_caps.items())])
+               [({"drafter": d, "batch_size": str(b)}, -1 if c is None else c)
+                for d, table in draft_caps.items() for b, c in sorted(table.items())])
         return "\n".join(out) + "\n"
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from specdec import model as engine_model
+from specdec.drafters import PromptLookupDrafter
 from specdec.errors import ConfigError, SpecdecError
 from specdec.interfaces import Eval, GenerationResult
 from specdec.policies import DraftPolicy, StepFeedback
@@ -49,25 +50,33 @@ class ShuttingDown(SpecdecError):
 
 # -- draft caps under load -------------------------------------------------------------------
 
-# Measured on this project's CPU (docs/serve.md, "Drafting under load"): at one sequence a
-# verification of r rows costs little more than one row, so drafting pays; once B sequences
-# already share the weight reads, each extra row costs its full compute and drafting stops
-# paying.  batch size from -> most drafted tokens per greedy step (None: uncapped).
-DEFAULT_CAPS: dict[int, int | None] = {1: None, 2: 4, 3: 2, 5: 0}
+# From the measured cost of a target pass over M rows (README, "What verification costs":
+# qwen2.5-coder-1.5b 40.4 ms at M = 1, 46.6 / 55.3 / 68.3 / 80.9 / 100.6 ms at M = 2 / 4 / 6 /
+# 8 / 12) and of a qwen2.5-coder-0.5b draft token (17.7 ms, run per request, unbatched): a
+# step of B sequences drafting n each costs about t(B·(n+1)) + B·n·d and emits
+# B·(1 - a^(n+1)) / (1 - a); the caps maximise that for acceptance a = 0.6..0.8
+# (docs/serve.md, "Drafting under load").  batch size from -> most drafted tokens per greedy
+# step (None: the request's own policy, uncapped).
+DEFAULT_CAPS: dict[int, int | None] = {1: None, 2: 0}                       # a draft model
+DEFAULT_LOOKUP_CAPS: dict[int, int | None] = {1: None, 2: 4, 3: 3, 4: 2, 5: 1, 8: 0}   # free drafts
 
 
 class DraftCaps:
     """batch size -> most tokens a greedy request drafts per step: the entry of the largest
-    batch size <= B (None: the request's own policy, uncapped)."""
+    batch size <= B (None: the request's own policy, uncapped).  One table for requests that
+    draft with a model (model, hybrid), one for prompt lookup, whose drafts cost ~nothing."""
 
-    def __init__(self, table: dict[int, int | None] | None = None):
-        self.table = dict(sorted((DEFAULT_CAPS if table is None else table).items()))
-        if 1 not in self.table:
-            self.table[1] = None
-            self.table = dict(sorted(self.table.items()))
+    def __init__(self, table: dict[int, int | None] | None = None,
+                 lookup: dict[int, int | None] | None = None):
+        self.table = self._norm(DEFAULT_CAPS if table is None else table)
+        self.lookup = self._norm(DEFAULT_LOOKUP_CAPS if lookup is None else lookup)
 
-    @classmethod
-    def parse(cls, text: str) -> "DraftCaps":
+    @staticmethod
+    def _norm(t: dict[int, int | None]) -> dict[int, int | None]:
+        return dict(sorted({1: None, **t}.items()))
+
+    @staticmethod
+    def parse_table(text: str, flag: str = "--draft-caps") -> dict[int, int | None]:
         """'1:-,2:4,4:2,8:0' (B:cap pairs; '-' or -1: uncapped)."""
         table: dict[int, int | None] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
@@ -78,13 +87,18 @@ class DraftCaps:
             except ValueError:
                 bi, ci, sep = 0, 0, ""
             if not sep or bi < 1 or (ci is not None and ci < 0):
-                raise ConfigError(f"--draft-caps takes B:N pairs like 1:-,2:4,4:0; got {part!r}")
+                raise ConfigError(f"{flag} takes B:N pairs like 1:-,2:4,4:0; got {part!r}")
             table[bi] = ci
-        return cls(table)
+        return table
 
-    def cap(self, batch_size: int) -> int | None:
+    @classmethod
+    def parse(cls, text: str | None, lookup: str | None = None) -> "DraftCaps":
+        return cls(None if text is None else cls.parse_table(text),
+                   None if lookup is None else cls.parse_table(lookup, "--lookup-caps"))
+
+    def cap(self, batch_size: int, lookup: bool = False) -> int | None:
         c = None
-        for b, v in self.table.items():
+        for b, v in (self.lookup if lookup else self.table).items():
             if b <= batch_size:
                 c = v
         return c
@@ -321,8 +335,9 @@ class Scheduler:
             runner = Runner(self.model, job.params, job.draft, seed=job.seed,
                             ignore_eos=job.ignore_eos, n_ctx=self.n_ctx, session=self.sessions[slot])
             if runner.policy is not None and job.params.greedy:
-                runner.policy = LoadCappedPolicy(runner.policy, lambda: self.caps.cap(self.batch_size),
-                                                 self._count_capped)
+                lookup = isinstance(runner.drafter, PromptLookupDrafter)
+                runner.policy = LoadCappedPolicy(
+                    runner.policy, lambda: self.caps.cap(self.batch_size, lookup), self._count_capped)
             text = _TextTracker(self.model.tokenizer, job.stop)
 
             def on_token(token: int, kind: str) -> bool:
