@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels import kquants  # noqa: E402
-from kernels.q8k import quantize_q8_k  # noqa: E402
+from specdec.kernels import formats, kquants  # noqa: E402
+from specdec.kernels.q8k import quantize_q8_k  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 SHAPES = [  # (name, qtype, N, K)
@@ -36,7 +36,7 @@ F16_FIELDS = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), 
 
 def random_weights(qtype, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """uint8 (n, row_bytes): random bytes with small positive fp16 scales."""
-    bb = kquants.BLOCK_BYTES[int(qtype)]
+    bb = formats.FORMATS[int(qtype)].type_size
     w = rng.integers(0, 256, (n, k // 256, bb), dtype=np.uint8)
     for o in F16_FIELDS[qtype]:
         h = rng.uniform(1e-3, 1e-2, (n, k // 256)).astype(np.float16)

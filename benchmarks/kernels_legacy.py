@@ -21,8 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels import legacy  # noqa: E402
-from kernels.q8_act import quantize_q8  # noqa: E402
+from specdec.kernels import formats, legacy  # noqa: E402
+from specdec.kernels.q8_act import quantize_q8  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 SHAPES = [  # (tensor, qtype, N, K)
@@ -41,7 +41,7 @@ def random_weights(qtype, n: int, k: int, rng: np.random.Generator) -> np.ndarra
     """Raw GGUF layout: uint8 (n, row_bytes), fp16 scales in [1e-3, 1e-2]; F16: float16 (n, k)."""
     if qtype == T.F16:
         return rng.standard_normal((n, k)).astype(np.float16)
-    bb = legacy.BLOCK_BYTES[int(qtype)]
+    bb = formats.FORMATS[int(qtype)].type_size
     w = rng.integers(0, 256, (n, k // 32, bb), dtype=np.uint8)
     for o in SCALE_FIELDS[qtype]:
         h = rng.uniform(1e-3, 1e-2, (n, k // 32)).astype(np.float16)

@@ -1,7 +1,14 @@
-"""Numba CPU kernels for specdec.
+"""Numba CPU kernels for specdec, installed as the subpackage ``specdec.kernels``.
 
-Arrays in, arrays out: nothing here imports from ``specdec``.  Every kernel is
-``@njit(cache=True, nogil=True)``; the matmul kernels run ``prange`` over output rows.
+Arrays in, arrays out: nothing here imports from ``specdec`` (only relative imports within
+this folder).  Every kernel is ``@njit(cache=True, nogil=True)``; the matmul kernels run
+``prange`` over output rows.
+
+Modules: formats (the table of GGML format facts), ir (the LLVM IR helpers of the ``*_ir.py``
+files), legacy / legacy_ir / repack (Q4_0 … Q8_0, F32, F16, BF16), kquants / kquants_ir /
+kquants_dequant / q8k (K-quants), float_act / dequant_ir (float activations), q8_act (Q8_0 /
+Q8_1 activations), attention / attention_ir, ops (norms, RoPE, activations), arrays (argument
+checks).
 
 Contract of the quantized matmul kernels (``matmul``):
     w    the raw tensor data exactly as stored in the GGUF file, zero-copy:

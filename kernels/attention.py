@@ -9,7 +9,7 @@ Keys are cached in blocks of KV_BLOCK positions, each block transposed, (Hkv, n_
 KV_BLOCK, Dh, KV_BLOCK): the scores of consecutive keys are one vector, and a block of scores
 reads one contiguous run of memory (`blocked_keys` builds the layout from (Hkv, n, Dh) keys).
 The two dot-product phases (scores q·K, then the weighted sum of values) are the
-register-blocked SIMD code of attention_simd.py: a sum of fused multiply-adds in a fixed order
+register-blocked SIMD code of attention_ir.py: a sum of fused multiply-adds in a fixed order
 per (row, head, position or dimension); the softmax between them is the code below.
 
 Speed: one work item is a query row and a group of up to G_MAX heads sharing a KV head (GQA),
@@ -24,11 +24,11 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from . import attention_simd as simd
+from . import attention_ir
 from .ops import exp_parts
 
 _LANES = 8   # float64 partial sums of the softmax denominator
-KV_BLOCK = simd.KV_BLOCK
+KV_BLOCK = attention_ir.KV_BLOCK
 
 
 def blocked_keys(k: np.ndarray) -> np.ndarray:
@@ -60,7 +60,7 @@ def attention(q, k_cache, v_cache, positions, scale, window, out) -> None:
             raise ValueError("attention needs C-contiguous float32 arrays")
     if k_cache.ndim != 4 or k_cache.shape[3] != KV_BLOCK:
         raise ValueError(f"k_cache must be (Hkv, n_ctx / {KV_BLOCK}, Dh, {KV_BLOCK}): see blocked_keys")
-    divisors = [c for c in range(min(n_rep, simd.G_MAX), 0, -1) if n_rep % c == 0]
+    divisors = [c for c in range(min(n_rep, attention_ir.G_MAX), 0, -1) if n_rep % c == 0]
     g = next((c for c in divisors if M * H // c >= get_num_threads()),   # heads per item: the most
              divisors[-1])                                               # that give every thread one
     _attention(q, k_cache, v_cache, positions, scale, window, g, out)
@@ -83,7 +83,7 @@ def _attention(q, k_cache, v_cache, positions, scale, window, g, out):
         scores = np.empty((g, (n + 15) // 16 * 16), dtype=np.float32)   # (g, n) and room
         bits = np.empty(n, dtype=np.int32)                 # (n,) float32 bits of 2^k
         two_k = bits.view(np.float32)
-        simd.scores(q, k_cache, scores, m, h0, g, kvh, j0, n)
+        attention_ir.scores(q, k_cache, scores, m, h0, g, kvh, j0, n)
         for r in range(g):
             s = scores[r]                                  # (n,)
             smax = np.float32(-np.inf)
@@ -107,4 +107,4 @@ def _attention(q, k_cache, v_cache, positions, scale, window, g, out):
             inv = np.float32(1.0 / total)
             for t in range(n):
                 s[t] = s[t] * inv
-        simd.values(scores, v_cache, out, m, h0, g, kvh, j0, n)
+        attention_ir.values(scores, v_cache, out, m, h0, g, kvh, j0, n)

@@ -3,9 +3,9 @@
 ``MATMUL_FLOAT_ACT[qtype](w, x, out)``: out[m, n] = dot(dequant(W[n, :]), x[m, :]) with x
 kept in float32: each weight row dequantized bit-exactly as gguf.quants does (never a
 dequantized copy of the matrix) and dotted with every activation row in 32 float32 lanes
-folded in a fixed order (legacy.dot32_lanes).  dequant_simd.MATMUL_DOT does it in registers,
+folded in a fixed order (legacy.dot32_lanes).  dequant_ir.MATMUL_DOT does it in registers,
 sixteen values at a time, for up to MAX_FUSED_M activation rows per pass over the weights;
-Q2_K and Q3_K go through a per-thread row buffer (kquants_dequant) and legacy._dot_f32, the
+Q2_K and Q3_K go through a per-thread row buffer (kquants_dequant) and legacy.dot_f32, the
 same operations.  Every (n, m) runs the same operations whatever M is: rows stay
 independent, bitwise.
 
@@ -23,19 +23,15 @@ activations are stable under the same nudge, so gemma3 layers use this path by d
 """
 from __future__ import annotations
 
-import gguf
 import numpy as np
 from numba import get_num_threads, njit, prange
 
 from . import kquants_dequant as dq
-from .dequant_simd import MATMUL_DOT, MAX_FUSED_M
-from .legacy import _dot_f32, _frozen
+from .arrays import frozen
+from .dequant_ir import MATMUL_DOT, MAX_FUSED_M
+from .formats import FORMATS, KQUANTS, LEGACY, Q3_K
+from .legacy import dot_f32
 
-_T = gguf.GGMLQuantizationType
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
-BLOCK = {qt: gguf.GGML_QUANT_SIZES[_T(qt)] for qt in
-         (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}   # (values, bytes)
 
 
 @njit(cache=True, nogil=True)
@@ -61,28 +57,28 @@ def _matmul_float_act(qtype, w, x, out, n_chunks):
             ids[0] = row
             _dequant_row(qtype, w, ids, buf)
             for m in range(m_rows):
-                out[m, row] = _dot_f32(buf[0], xf, m, k)
+                out[m, row] = dot_f32(buf[0], xf, m, k)
 
 
 def _fn(qtype: int):
-    qk, nbytes = BLOCK[qtype]
+    qk, nbytes = FORMATS[qtype].block_size, FORMATS[qtype].type_size
 
     def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         """w uint8 (N, row_bytes), x float32 (M, K) -> out float32 (M, N), in place."""
         k = x.shape[1]
         if w.dtype != np.uint8 or w.ndim != 2 or k % qk or w.shape[1] != k // qk * nbytes:
-            raise ValueError(f"{_T(qtype).name}: weights of shape {w.shape} do not hold K={k} values")
+            raise ValueError(f"{FORMATS[qtype].name}: weights of shape {w.shape} do not hold K={k} values")
         if out.shape != (x.shape[0], w.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous float32 array of shape {(x.shape[0], w.shape[0])}")
         x = np.ascontiguousarray(x, np.float32)
         n_chunks = max(1, min(get_num_threads(), w.shape[0]))
         if qtype in MATMUL_DOT:         # no row buffer, same bits; rows in passes of MAX_FUSED_M
             for m0 in range(0, x.shape[0], MAX_FUSED_M):
-                MATMUL_DOT[qtype](_frozen(w), x[m0:m0 + MAX_FUSED_M], out[m0:m0 + MAX_FUSED_M], n_chunks)
+                MATMUL_DOT[qtype](frozen(w), x[m0:m0 + MAX_FUSED_M], out[m0:m0 + MAX_FUSED_M], n_chunks)
         else:
-            _matmul_float_act(qtype, _frozen(w), x, out, n_chunks)
-    matmul.__name__ = f"matmul_float_act_{_T(qtype).name.lower()}"
+            _matmul_float_act(qtype, frozen(w), x, out, n_chunks)
+    matmul.__name__ = f"matmul_float_act_{FORMATS[qtype].name.lower()}"
     return matmul
 
 
-MATMUL_FLOAT_ACT = {qt: _fn(qt) for qt in BLOCK}
+MATMUL_FLOAT_ACT = {qt: _fn(qt) for qt in LEGACY + KQUANTS}

@@ -4,13 +4,13 @@
 backend computes it (ggml_vec_dot_qX_K_q8_K): each activation row is quantized to Q8_K
 (q8k.py), every super-block of 256 is an exact integer dot product per scale group, scaled
 by d·dx (and the mins by dmin·dx), accumulated in float32 super-block after super-block
-(16 lanes, folded in a fixed order at the end; see kquants_simd).
+(16 lanes, folded in a fixed order at the end; see kquants_ir).
 
     w    uint8 (N, row_bytes) raw GGUF rows, zero-copy, C-contiguous
     x    float32 (M, K), K % 256 == 0
     out  float32 (M, N), filled in place
 
-Each weight super-block is read and decoded once and used for all M rows (kquants_simd);
+Each weight super-block is read and decoded once and used for all M rows (kquants_ir);
 no dequantized copy of a weight matrix is ever built.  Row independence: out[m] depends on
 x[m] only, bitwise, whatever M and the thread count are — whichever code path M selects
 (one register-resident path per M <= MAX_STATIC_M, tiles above), every (n, m) goes through
@@ -20,24 +20,21 @@ the same fixed sequence of float operations.
 """
 from __future__ import annotations
 
-import gguf
 import numpy as np
 from numba import get_num_threads
 
 from . import kquants_dequant as dq
-from .kquants_simd import DECODERS, MATMUL_Q8K
-from .q8k import QK_K, quantize_q8_k
+from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
+from .kquants_ir import MATMUL_Q8K
+from .q8k import quantize_q8_k
 
-_T = gguf.GGMLQuantizationType
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
-BLOCK_BYTES = {qt: nbytes for qt, (_, nbytes) in DECODERS.items()}   # bytes per 256 values
 
 
 def _check_weights(qtype: int, w: np.ndarray, k: int) -> None:
     if w.dtype != np.uint8 or w.ndim != 2 or not w.flags.c_contiguous:
         raise ValueError("K-quant weights must be a C-contiguous uint8 (N, row_bytes) array")
-    if k % QK_K or w.shape[1] != k // QK_K * BLOCK_BYTES[qtype]:
-        raise ValueError(f"{_T(qtype).name}: rows of {w.shape[1]} bytes do not hold K={k} values")
+    if k % QK_K or w.shape[1] != FORMATS[qtype].row_bytes(k):
+        raise ValueError(f"{FORMATS[qtype].name}: rows of {w.shape[1]} bytes do not hold K={k} values")
 
 
 def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.ndarray,
@@ -61,7 +58,7 @@ def _matmul_fn(qtype: int):
         """w uint8 (N, row_bytes), x float32 (M, K) -> out float32 (M, N), in place."""
         xq, xd, xbs = quantize_q8_k(x)
         matmul_q8k(qtype, w, xq, xd, xbs, out)
-    matmul.__name__ = f"matmul_{_T(qtype).name.lower()}"
+    matmul.__name__ = f"matmul_{FORMATS[qtype].name.lower()}"
     return matmul
 
 
@@ -75,7 +72,7 @@ def _get_rows_fn(qtype: int, kernel):
         if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
             raise IndexError(f"row id out of range [0, {w.shape[0]})")
         kernel(w, ids, out)
-    get_rows.__name__ = f"get_rows_{_T(qtype).name.lower()}"
+    get_rows.__name__ = f"get_rows_{FORMATS[qtype].name.lower()}"
     return get_rows
 
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .kquants_simd import load_f16
+from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
+from .kquants_ir import load_f16
 
-QK_K = 256
+# bytes per super-block (compile-time constants of the kernels below)
+Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = (
+    FORMATS[qt].type_size for qt in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -31,7 +34,7 @@ def get_rows_q4_k(w, ids, out):
     for r in range(ids.shape[0]):
         n = ids[r]
         for b in range(out.shape[1] // QK_K):
-            o, y = b * 144, b * QK_K
+            o, y = b * Q4_K_BYTES, b * QK_K
             d, dmin = load_f16(w, n, o), load_f16(w, n, o + 2)
             for j in range(8):
                 sc, mn = _scale_min_k4(w, n, o + 4, j)
@@ -48,7 +51,7 @@ def get_rows_q5_k(w, ids, out):
     for r in range(ids.shape[0]):
         n = ids[r]
         for b in range(out.shape[1] // QK_K):
-            o, y = b * 176, b * QK_K
+            o, y = b * Q5_K_BYTES, b * QK_K
             d, dmin = load_f16(w, n, o), load_f16(w, n, o + 2)
             for j in range(8):
                 sc, mn = _scale_min_k4(w, n, o + 4, j)
@@ -65,7 +68,7 @@ def get_rows_q6_k(w, ids, out):
     for r in range(ids.shape[0]):
         n = ids[r]
         for b in range(out.shape[1] // QK_K):
-            o, y = b * 210, b * QK_K
+            o, y = b * Q6_K_BYTES, b * QK_K
             d = load_f16(w, n, o + 208)
             for g in range(16):                     # group of 16 values, one scale each
                 dl = d * np.float32(np.int8(w[n, o + 192 + g]))
@@ -86,7 +89,7 @@ def get_rows_q3_k(w, ids, out):
     for r in range(ids.shape[0]):
         n = ids[r]
         for b in range(out.shape[1] // QK_K):
-            o, y = b * 110, b * QK_K
+            o, y = b * Q3_K_BYTES, b * QK_K
             d = load_f16(w, n, o + 108)
             for g in range(16):
                 lo = (w[n, o + 96 + g % 8] >> (4 * (g // 8))) & 0xF
@@ -107,7 +110,7 @@ def get_rows_q2_k(w, ids, out):
     for r in range(ids.shape[0]):
         n = ids[r]
         for b in range(out.shape[1] // QK_K):
-            o, y = b * 84, b * QK_K
+            o, y = b * Q2_K_BYTES, b * QK_K
             d, dmin = load_f16(w, n, o + 80), load_f16(w, n, o + 82)
             for g in range(16):
                 sm = w[n, o + g]

@@ -26,17 +26,13 @@ Weight arrays, as ``gguf.GGUFReader(...).tensors[i].data`` holds them (zero-copy
 """
 from __future__ import annotations
 
-import gguf
 import numpy as np
 from numba import njit, prange
 
-from .legacy_ir import DECODE_ROWS, DECODERS, TILE, TILE_Q5_0_DECODE, TILE_ROWS, dot32_lanes
+from .arrays import check_activations, frozen
+from .formats import F16, F32, FLOATS, FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from .legacy_ir import DECODE_ROWS, TILE, TILE_Q5_0_DECODE, TILE_ROWS, dot32_lanes
 from .q8_act import QK8, half_bits_to_f32, q8_rows
-
-_T = gguf.GGMLQuantizationType
-F32, F16, BF16 = int(_T.F32), int(_T.F16), int(_T.BF16)
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
-BLOCK_BYTES = {qt: nbytes for qt, (_, nbytes) in DECODERS.items()}
 
 M_CHUNK = 32    # activation rows per pass over a decoded tile
 
@@ -149,7 +145,7 @@ def _widen_row(kind, w, n, buf, bits):
 
 
 @njit(cache=True, nogil=True)
-def _dot_f32(a, xf, m, k):
+def dot_f32(a, xf, m, k):
     """dot(a (K,), x[m]) in float32, x flat (M*K,): legacy_ir.dot32_lanes on the first
     32*(K//32) values, then the K mod 32 tail added in order."""
     k32 = k - k % 32
@@ -172,7 +168,7 @@ def _matmul_float(kind, w, x, out):
         for row in range(c * n // n_chunks, (c + 1) * n // n_chunks):
             _widen_row(kind, w, row, buf, bits)
             for m in range(m_rows):
-                out[m, row] = _dot_f32(buf, xf, m, k)
+                out[m, row] = dot_f32(buf, xf, m, k)
 
 
 # --------------------------------------------------------------------------- row lookup
@@ -246,25 +242,6 @@ def _get_rows_float(kind, w, ids, out):
 
 # ------------------------------------------------------------------------- public tables
 
-def _frozen(w: np.ndarray) -> np.ndarray:
-    """Read-only, C-contiguous plain-ndarray view of w (GGUF tensors are contiguous already;
-    anything else is copied).
-
-    GGUFReader's memmaps are read-only and Numba compiles read-only arrays separately, so
-    every weight goes in read-only: one specialization per kernel, whoever calls.
-    """
-    v = np.ascontiguousarray(w).view(np.ndarray)
-    v.flags.writeable = False
-    return v
-
-
-def _check(x: np.ndarray, out: np.ndarray, n: int) -> None:
-    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
-        raise ValueError("x must be a C-contiguous float32 (M, K) array")
-    if out.dtype != np.float32 or out.shape != (x.shape[0], n) or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous float32 array of shape {(x.shape[0], n)}")
-
-
 def _row_ids(ids, n: int, out: np.ndarray, k: int) -> np.ndarray:
     """Validate a row lookup: ids within [0, n), out a C-contiguous float32 (len(ids), k)."""
     ids = np.asarray(ids, np.int64).reshape(-1)
@@ -277,38 +254,38 @@ def _row_ids(ids, n: int, out: np.ndarray, k: int) -> np.ndarray:
 
 def _bits_view(kind: int, w: np.ndarray, k: int) -> np.ndarray:
     """Zero-copy raw bits (N, K): F32 -> uint32; F16 (float16), BF16 (uint8 (N, 2K)) -> uint16."""
-    w = _frozen(w)
+    w = frozen(w)
     bits = w.view(np.uint32 if kind == F32 else np.uint16)
     if bits.shape != (w.shape[0], k):
-        raise ValueError(f"{_T(kind).name} weight {w.shape} does not have rows of {k} values")
+        raise ValueError(f"{FORMATS[kind].name} weight {w.shape} does not have rows of {k} values")
     return bits
 
 
 def _quant_matmul(qtype: int):
-    block_bytes = BLOCK_BYTES[qtype]
+    block_bytes = FORMATS[qtype].type_size
 
     def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-        _check(x, out, w.shape[0])
+        check_activations(x, out, w.shape[0])
         if w.shape[1] != x.shape[1] // QK8 * block_bytes or x.shape[1] % QK8:
-            raise ValueError(f"{_T(qtype).name} weight {w.shape} does not match x {x.shape}")
-        _matmul_quant(qtype, _frozen(w), x, out)
+            raise ValueError(f"{FORMATS[qtype].name} weight {w.shape} does not match x {x.shape}")
+        _matmul_quant(qtype, frozen(w), x, out)
     return matmul
 
 
 def _float_matmul(kind: int):
     def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-        _check(x, out, w.shape[0])
+        check_activations(x, out, w.shape[0])
         _matmul_float(kind, _bits_view(kind, w, x.shape[1]), x, out)
     return matmul
 
 
 def _quant_get_rows(qtype: int):
-    block_bytes = BLOCK_BYTES[qtype]
+    block_bytes = FORMATS[qtype].type_size
 
     def get_rows(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
         k = w.shape[1] // block_bytes * QK8
         ids = _row_ids(ids, w.shape[0], out, k)
-        _get_rows_quant(qtype, block_bytes, _frozen(w), ids, out)
+        _get_rows_quant(qtype, block_bytes, frozen(w), ids, out)
     return get_rows
 
 
@@ -319,7 +296,5 @@ def _float_get_rows(kind: int):
     return get_rows
 
 
-MATMUL = {**{qt: _quant_matmul(qt) for qt in BLOCK_BYTES},
-          **{kind: _float_matmul(kind) for kind in (F32, F16, BF16)}}
-GET_ROWS = {**{qt: _quant_get_rows(qt) for qt in BLOCK_BYTES},
-            **{kind: _float_get_rows(kind) for kind in (F32, F16, BF16)}}
+MATMUL = {**{qt: _quant_matmul(qt) for qt in LEGACY}, **{kind: _float_matmul(kind) for kind in FLOATS}}
+GET_ROWS = {**{qt: _quant_get_rows(qt) for qt in LEGACY}, **{kind: _float_get_rows(kind) for kind in FLOATS}}

@@ -34,57 +34,16 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import gguf
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils, config
-from numba.core.codegen import get_host_cpu_features
+from numba.core import cgutils
 from numba.extending import intrinsic
 
-I8, I16, I32, I64 = (ir.IntType(bits) for bits in (8, 16, 32, 64))
-F16, F32 = ir.HalfType(), ir.FloatType()
-_T = gguf.GGMLQuantizationType
-
-
-def _vec(ty: ir.Type, n: int) -> ir.VectorType:
-    return ir.VectorType(ty, n)
-
-
-V8I16, V8I32, V8F32 = _vec(I16, 8), _vec(I32, 8), _vec(F32, 8)
-V32I8, V32I32 = _vec(I8, 32), _vec(I32, 32)
-
-
-def have_vnni() -> bool:
-    """256-bit ``vpdpbusd`` (AVX-512 VNNI + VL) available to the code Numba generates."""
-    feats = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
-    return {"+avx512vnni", "+avx512vl"} <= set(feats.split(","))
-
+from .formats import FORMATS, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from .ir import (F16, F32, I16, I32, I64, V8F32, V8I16, V8I32, V32I8, dpbusd_words, have_vnni256, join,
+                 load_at, prefetch, shuffle2, splat, store_at, vector_type)
 
 # ------------------------------------------------------------------------------ IR helpers
-
-def _load(builder, base, off, ty: ir.Type, align: int = 1):
-    """Load ``ty`` at element offset ``off`` of the typed pointer ``base``."""
-    ptr = builder.bitcast(builder.gep(base, [off]), ty.as_pointer())
-    return builder.load(ptr, align=align)
-
-
-def _store(builder, val, base, off, align: int = 1) -> None:
-    ptr = builder.bitcast(builder.gep(base, [off]), val.type.as_pointer())
-    builder.store(val, ptr, align=align)
-
-
-def _shuf(builder, a, b, idx: list[int]):
-    return builder.shuffle_vector(a, b, ir.Constant(_vec(I32, len(idx)), idx))
-
-
-def _splat(builder, s, n: int):
-    v = builder.insert_element(ir.Constant(_vec(s.type, n), None), s, I32(0))
-    return _shuf(builder, v, v, [0] * n)
-
-
-def _i64(v: int):
-    return ir.Constant(I64, v)
-
 
 def _transpose8(builder, rows: list) -> list:
     """8 x <8 x i32> -> 8 x <8 x i32>, out[c][r] = rows[r][c] (unpack/unpack/permute)."""
@@ -93,55 +52,37 @@ def _transpose8(builder, rows: list) -> list:
     lo128, hi128 = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
     a = []
     for i in range(0, 8, 2):
-        a += [_shuf(builder, rows[i], rows[i + 1], idx) for idx in (lo32, hi32)]
+        a += [shuffle2(builder, rows[i], rows[i + 1], idx) for idx in (lo32, hi32)]
     # a[2i] = cols (0,1 | 4,5) of rows 2i, 2i+1; a[2i+1] = cols (2,3 | 6,7)
     b = []
     for base in (0, 4):
         p, q = a[base:base + 2], a[base + 2:base + 4]
-        b += [_shuf(builder, p[0], q[0], lo64), _shuf(builder, p[0], q[0], hi64),
-              _shuf(builder, p[1], q[1], lo64), _shuf(builder, p[1], q[1], hi64)]
+        b += [shuffle2(builder, p[0], q[0], lo64), shuffle2(builder, p[0], q[0], hi64),
+              shuffle2(builder, p[1], q[1], lo64), shuffle2(builder, p[1], q[1], hi64)]
     # b[c'] (c' < 4) = column c' | c'+4 of rows 0-3; b[4 + c'] the same for rows 4-7
     out = [None] * 8
     for c in range(4):
-        out[c] = _shuf(builder, b[c], b[4 + c], lo128)
-        out[c + 4] = _shuf(builder, b[c], b[4 + c], hi128)
+        out[c] = shuffle2(builder, b[c], b[4 + c], lo128)
+        out[c + 4] = shuffle2(builder, b[c], b[4 + c], hi128)
     return out
-
-
-def _dpbusd(builder, vnni: bool, acc, u, x):
-    """acc + per-lane sum of 4 products zext(u byte) * sext(x byte); <W x i32>, W = 8 or 16."""
-    width = acc.type.count
-    vt = _vec(I32, width)
-    if vnni:
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vt, [vt] * 3),
-            f"llvm.x86.avx512.vpdpbusd.{32 * width}")
-        return builder.call(fn, [acc, u, x])
-    bytes_ = _vec(I8, 4 * width)
-    p = builder.mul(builder.zext(builder.bitcast(u, bytes_), _vec(I32, 4 * width)),
-                    builder.sext(builder.bitcast(x, bytes_), _vec(I32, 4 * width)))
-    s = _shuf(builder, p, p, list(range(0, 4 * width, 4)))
-    for i in (1, 2, 3):
-        s = builder.add(s, _shuf(builder, p, p, list(range(i, 4 * width, 4))))
-    return builder.add(acc, s)
 
 
 def _f16x8(builder, wp, offs: list):
     """Eight fp16 loaded from byte offsets -> <8 x float> (exact, GGML_FP16_TO_FP32)."""
     v = ir.Constant(V8I16, None)
     for r, off in enumerate(offs):
-        v = builder.insert_element(v, _load(builder, wp, off, I16), I32(r))
-    return builder.fpext(builder.bitcast(v, _vec(F16, 8)), V8F32)
+        v = builder.insert_element(v, load_at(builder, wp, off, I16), I32(r))
+    return builder.fpext(builder.bitcast(v, vector_type(F16, 8)), V8F32)
 
 
 def _f16_pairs_x8(builder, wp, offs: list):
     """fp16 d and m stored together (block_q4_1 / q5_1 head) -> (<8 x float> d, m)."""
     v = ir.Constant(V8I32, None)
     for r, off in enumerate(offs):
-        v = builder.insert_element(v, _load(builder, wp, off, I32), I32(r))
+        v = builder.insert_element(v, load_at(builder, wp, off, I32), I32(r))
     high = builder.lshr(v, ir.Constant(V8I32, [16] * 8))
     halves = [builder.trunc(v, V8I16), builder.trunc(high, V8I16)]
-    return [builder.fpext(builder.bitcast(h, _vec(F16, 8)), V8F32) for h in halves]
+    return [builder.fpext(builder.bitcast(h, vector_type(F16, 8)), V8F32) for h in halves]
 
 
 def _nibble_cols(builder, wp, offs: list):
@@ -151,15 +92,15 @@ def _nibble_cols(builder, wp, offs: list):
     (c < 4) of qs carries elements 4c..4c+3 low and 16+4c.. high: transposing the 8x4
     dword matrix and splitting nibbles gives columns c and 4+c directly.
     """
-    qs = [_load(builder, wp, off, _vec(I32, 4)) for off in offs]
-    y = [_shuf(builder, qs[r], qs[r + 4], list(range(8))) for r in range(4)]  # rows r | r+4
+    qs = [load_at(builder, wp, off, vector_type(I32, 4)) for off in offs]
+    y = [shuffle2(builder, qs[r], qs[r + 4], list(range(8))) for r in range(4)]  # rows r | r+4
     lo32, hi32 = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
     lo64, hi64 = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
-    a01 = [_shuf(builder, y[0], y[1], lo32), _shuf(builder, y[0], y[1], hi32)]
-    a23 = [_shuf(builder, y[2], y[3], lo32), _shuf(builder, y[2], y[3], hi32)]
+    a01 = [shuffle2(builder, y[0], y[1], lo32), shuffle2(builder, y[0], y[1], hi32)]
+    a23 = [shuffle2(builder, y[2], y[3], lo32), shuffle2(builder, y[2], y[3], hi32)]
     t = []
     for i in range(2):
-        t += [_shuf(builder, a01[i], a23[i], lo64), _shuf(builder, a01[i], a23[i], hi64)]
+        t += [shuffle2(builder, a01[i], a23[i], lo64), shuffle2(builder, a01[i], a23[i], hi64)]
     mask = ir.Constant(V8I32, [0x0F0F0F0F] * 8)
     four = ir.Constant(V8I32, [4] * 8)
     lows = [builder.and_(c, mask) for c in t]
@@ -183,7 +124,7 @@ class Decoded(NamedTuple):
 # ``o[r]`` is the byte offset of the block in row r; layouts from ggml-common.h.
 
 def _plus(builder, offs: list, k: int) -> list:
-    return [builder.add(o, _i64(k)) for o in offs]
+    return [builder.add(o, I64(k)) for o in offs]
 
 
 def _dec_q4_0(builder, wp, o) -> Decoded:
@@ -203,17 +144,17 @@ def _q5_head(builder, wp, offs: list, qh_at: int):
 
     Lane r of the qh vector holds row r's u32 qh (bytes qh_at..qh_at+3 of the block).
     """
-    heads = ir.Constant(_vec(I64, 8), None)
+    heads = ir.Constant(vector_type(I64, 8), None)
     for r, off in enumerate(offs):
-        heads = builder.insert_element(heads, _load(builder, wp, off, I64), I32(r))
-    qh = builder.trunc(builder.lshr(heads, ir.Constant(_vec(I64, 8), [8 * qh_at] * 8)), V8I32)
+        heads = builder.insert_element(heads, load_at(builder, wp, off, I64), I32(r))
+    qh = builder.trunc(builder.lshr(heads, ir.Constant(vector_type(I64, 8), [8 * qh_at] * 8)), V8I32)
     return heads, builder.bitcast(qh, V32I8)
 
 
 def _half_field(builder, heads, shift: int):
     """16-bit field at bit ``shift`` of each i64 lane, as fp16 -> <8 x float>."""
-    v = builder.lshr(heads, ir.Constant(_vec(I64, 8), [shift] * 8)) if shift else heads
-    return builder.fpext(builder.bitcast(builder.trunc(v, V8I16), _vec(F16, 8)), V8F32)
+    v = builder.lshr(heads, ir.Constant(vector_type(I64, 8), [shift] * 8)) if shift else heads
+    return builder.fpext(builder.bitcast(builder.trunc(v, V8I16), vector_type(F16, 8)), V8F32)
 
 
 def _q5_cols(builder, wp, offs: list, qh_at: int, qh_bytes):
@@ -230,7 +171,7 @@ def _q5_cols(builder, wp, offs: list, qh_at: int, qh_bytes):
     for c, col in enumerate(cols):
         byte = c // 2 if c < 4 else 2 + (c - 4) // 2
         spread = [4 * lane + byte for lane in range(8) for _ in range(4)]
-        rep = _shuf(builder, qh_bytes, qh_bytes, spread)
+        rep = shuffle2(builder, qh_bytes, qh_bytes, spread)
         bit = ir.Constant(V32I8, [1 << (4 * (c % 2) + i) for _ in range(8) for i in range(4)])
         on = builder.icmp_unsigned("!=", builder.and_(rep, bit), zero)
         c8 = builder.bitcast(col, V32I8)       # bit 4 is clear: adding 16 sets it (vpaddb {k})
@@ -254,15 +195,12 @@ def _dec_q5_1(builder, wp, o) -> Decoded:
 def _dec_q8_0(builder, wp, o) -> Decoded:
     """block_q8_0: fp16 d | 32 x int8.  u = w xor 0x80 = w + 128 as uint8."""
     flip = ir.Constant(V32I8, [-128] * 32)
-    codes = [builder.xor(_load(builder, wp, x, V32I8), flip) for x in _plus(builder, o, 2)]
+    codes = [builder.xor(load_at(builder, wp, x, V32I8), flip) for x in _plus(builder, o, 2)]
     return Decoded(_row_cols(builder, codes), 128, _f16x8(builder, wp, o), None)
 
 
-# qtype -> (decoder, bytes per block of 32)
-DECODERS: dict[int, tuple[Callable, int]] = {
-    int(_T.Q4_0): (_dec_q4_0, 18), int(_T.Q4_1): (_dec_q4_1, 20),
-    int(_T.Q5_0): (_dec_q5_0, 22), int(_T.Q5_1): (_dec_q5_1, 24),
-    int(_T.Q8_0): (_dec_q8_0, 34),
+DECODERS: dict[int, Callable] = {            # qtype -> 8-row block decoder
+    Q4_0: _dec_q4_0, Q4_1: _dec_q4_1, Q5_0: _dec_q5_0, Q5_1: _dec_q5_1, Q8_0: _dec_q8_0,
 }
 
 
@@ -278,52 +216,42 @@ def _prefetch_ahead(builder, wp, row0, rs, b, block_bytes: int, rows: int = 8) -
     tile touches bytes [b*R*bb, (b+1)*R*bb) of the region of a later tile, so over the K/32
     calls that region (R rows = R*nb*bb bytes) is requested line by line, in order.
     """
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
-        "llvm.prefetch.p0")
     span = rows * block_bytes
-    start = builder.add(builder.add(row0, builder.mul(rs, _i64(rows * PREFETCH_TILES))),
-                        builder.mul(b, _i64(span)))
+    start = builder.add(builder.add(row0, builder.mul(rs, I64(rows * PREFETCH_TILES))),
+                        builder.mul(b, I64(span)))
     for line in range((span + 63) // 64):
-        ptr = builder.gep(wp, [builder.add(start, _i64(64 * line))])
-        builder.call(fn, [ptr, I32(0), I32(3), I32(1)])
+        prefetch(builder, builder.gep(wp, [builder.add(start, I64(64 * line))]))
 
 
-def _join(builder, a, b):
-    """<n x T> ++ <n x T> -> <2n x T>."""
-    n = a.type.count
-    return _shuf(builder, a, b, list(range(2 * n)))
-
-
-def _emit_tile(builder, dec: Decoded, vnni: bool, ptrs, ints) -> None:
+def emit_tile(builder, dec: Decoded, vnni: bool, ptrs, ints) -> None:
     """Step 3 of the module docstring: the loop over activation rows m0 <= m < m1."""
     xq_p, xsum_p, xd_p, xs_p, acc_p = ptrs
     b, k, nb, m0, m1, acc0, acc_ms = ints
     cols = dec.cols
     width = cols[0].type.count  # rows in the tile: lanes of every vector below
-    vi, vf = _vec(I32, width), _vec(F32, width)
-    xoff = builder.mul(b, _i64(32))
+    vi, vf = vector_type(I32, width), vector_type(F32, width)
+    xoff = builder.mul(b, I64(32))
     zero = ir.Constant(vi, None)
     with cgutils.for_range(builder, m1, start=m0) as loop:
         m = loop.index
-        xw = _load(builder, xq_p, builder.add(builder.mul(m, k), xoff), _vec(I32, 8))
+        xw = load_at(builder, xq_p, builder.add(builder.mul(m, k), xoff), vector_type(I32, 8))
         # two independent accumulation chains (exact ints, so grouping is free)
         sums = [zero, zero]
         for c in range(8):
-            xc = _splat(builder, builder.extract_element(xw, I32(c)), width)
-            sums[c % 2] = _dpbusd(builder, vnni, sums[c % 2], cols[c], xc)
+            xc = splat(builder, builder.extract_element(xw, I32(c)), width)
+            sums[c % 2] = dpbusd_words(builder, vnni, sums[c % 2], cols[c], xc)
         isum = builder.add(sums[0], sums[1])
         mb = builder.add(builder.mul(m, nb), b)
         if dec.off:
-            corr = builder.mul(_load(builder, xsum_p, mb, I32, 4), I32(dec.off))
-            isum = builder.sub(isum, _splat(builder, corr, width))
-        dd = builder.fmul(dec.d, _splat(builder, _load(builder, xd_p, mb, F32, 4), width))
+            corr = builder.mul(load_at(builder, xsum_p, mb, I32, 4), I32(dec.off))
+            isum = builder.sub(isum, splat(builder, corr, width))
+        dd = builder.fmul(dec.d, splat(builder, load_at(builder, xd_p, mb, F32, 4), width))
         t = builder.fmul(dd, builder.sitofp(isum, vf))
         if dec.m is not None:
-            sx = _splat(builder, _load(builder, xs_p, mb, F32, 4), width)
+            sx = splat(builder, load_at(builder, xs_p, mb, F32, 4), width)
             t = builder.fadd(t, builder.fmul(dec.m, sx))
         aoff = builder.add(acc0, builder.mul(m, acc_ms))
-        _store(builder, builder.fadd(_load(builder, acc_p, aoff, vf, 4), t), acc_p, aoff, 4)
+        store_at(builder, builder.fadd(load_at(builder, acc_p, aoff, vf, 4), t), acc_p, aoff, 4)
 
 
 def make_tile(qtype: int, vnni: bool | None = None, rows: int = 8):
@@ -331,8 +259,8 @@ def make_tile(qtype: int, vnni: bool | None = None, rows: int = 8):
 
     ``vnni=None``: use vpdpbusd when the CPU has it, else portable IR (same integers).
     """
-    decoder, block_bytes = DECODERS[qtype]
-    use_vnni = have_vnni() if vnni is None else vnni
+    decoder, block_bytes = DECODERS[qtype], FORMATS[qtype].type_size
+    use_vnni = have_vnni256() if vnni is None else vnni
 
     @intrinsic
     def tile(typingctx, w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms):
@@ -347,18 +275,18 @@ def make_tile(qtype: int, vnni: bool | None = None, rows: int = 8):
 
             wp = data(0)
             row0_, rs_, b_ = as_i64(1), as_i64(2), as_i64(3)
-            blk = builder.add(row0_, builder.mul(b_, _i64(block_bytes)))
-            offs = [builder.add(blk, builder.mul(rs_, _i64(r))) for r in range(rows)]
+            blk = builder.add(row0_, builder.mul(b_, I64(block_bytes)))
+            offs = [builder.add(blk, builder.mul(rs_, I64(r))) for r in range(rows)]
             _prefetch_ahead(builder, wp, row0_, rs_, b_, block_bytes, rows)
             dec = decoder(builder, wp, offs[:8])
             if rows == 16:
                 hi = decoder(builder, wp, offs[8:])
-                dec = Decoded([_join(builder, a, c) for a, c in zip(dec.cols, hi.cols)], dec.off,
-                              _join(builder, dec.d, hi.d),
-                              None if dec.m is None else _join(builder, dec.m, hi.m))
+                dec = Decoded([join(builder, a, c) for a, c in zip(dec.cols, hi.cols)], dec.off,
+                              join(builder, dec.d, hi.d),
+                              None if dec.m is None else join(builder, dec.m, hi.m))
             ptrs = (data(4), data(5), data(6), data(7), data(12))
             ints = (b_, as_i64(8), as_i64(9), as_i64(10), as_i64(11), as_i64(13), as_i64(14))
-            _emit_tile(builder, dec, use_vnni, ptrs, ints)
+            emit_tile(builder, dec, use_vnni, ptrs, ints)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -373,7 +301,7 @@ def make_tile(qtype: int, vnni: bool | None = None, rows: int = 8):
 TILE_ROWS = {qt: 16 for qt in DECODERS}
 TILE = {qt: make_tile(qt, rows=TILE_ROWS[qt]) for qt in DECODERS}
 DECODE_ROWS = 8                                  # Q5_0 tile rows when M == 1
-TILE_Q5_0_DECODE = make_tile(int(_T.Q5_0), rows=DECODE_ROWS)
+TILE_Q5_0_DECODE = make_tile(Q5_0, rows=DECODE_ROWS)
 
 
 # ------------------------------------------------------------- float32 dot (F32/F16/BF16)
@@ -396,11 +324,11 @@ def dot32_lanes(typingctx, a, a0, x, x0, n32):
                         for i in (1, 3, 4))
         accs = [cgutils.alloca_once_value(builder, ir.Constant(V8F32, None)) for _ in range(4)]
         with cgutils.for_range(builder, n_) as loop:
-            base = builder.mul(loop.index, _i64(32))
+            base = builder.mul(loop.index, I64(32))
             for j, slot in enumerate(accs):
-                off = builder.add(base, _i64(8 * j))
-                prod = builder.fmul(_load(builder, ap, builder.add(a0_, off), V8F32, 4),
-                                    _load(builder, xp, builder.add(x0_, off), V8F32, 4))
+                off = builder.add(base, I64(8 * j))
+                prod = builder.fmul(load_at(builder, ap, builder.add(a0_, off), V8F32, 4),
+                                    load_at(builder, xp, builder.add(x0_, off), V8F32, 4))
                 builder.store(builder.fadd(builder.load(slot), prod), slot)
         lanes = [builder.load(s) for s in accs]
         v = builder.fadd(builder.fadd(lanes[0], lanes[1]), builder.fadd(lanes[2], lanes[3]))

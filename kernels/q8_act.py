@@ -26,7 +26,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-QK8 = 32  # elements per Q8_0 / Q8_1 block
+from .formats import QK8   # values per Q8_0 / Q8_1 block
 
 
 # --------------------------------------------------------------------------

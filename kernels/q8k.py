@@ -3,7 +3,7 @@
 Each row of x is cut into super-blocks of 256 values; each block becomes a float32 scale
 ``d``, 256 int8 codes in [-127, 127] and the sums of the codes per 16 (``bsums``, int16
 in ggml), stored here multiplied by d as float32 (``bsum · d``, one rounding: the kernels
-use them only scaled, see kquants_simd):
+use them only scaled, see kquants_ir):
 
     max    = the value of largest magnitude (the first one on ties; inputs are finite)
     iscale = -127 / max            (float32; note the sign: max itself maps to -127)
@@ -13,7 +13,7 @@ use them only scaled, see kquants_simd):
 This is quantize_row_q8_K_ref of ggml-quants.c (an all-zero block gives d = 0, q = 0).
 Rows are quantized independently of each other.
 
-Storage, for the SIMD kernels (kquants_simd):
+Storage, for the SIMD kernels (kquants_ir):
     qs    int8    (K/256, M, 256)   block-major: the M rows' codes of block b are adjacent,
                                     so the kernels read x as one sequential stream;
                                     inside a block *lane-major*: byte 64k + 4L + i holds
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-QK_K = 256
+from .formats import QK_K
 
 
 @njit(cache=True, nogil=True)

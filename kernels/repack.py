@@ -22,47 +22,39 @@ exactly the bytes of those rows: a repacked tensor keeps its shape (N, nb * bloc
 byte count (rows 8t .. 8t+7 hold the records of stream t) and is rewritten in place.
 The tile decodes a record with aligned loads, no transpose and, for the fifth bits, one
 masked byte add per column; the integer dot products and the float updates are those of
-legacy_ir._emit_tile, in the same order, so results are the same bits as the GGUF layout's.
+legacy_ir.emit_tile, in the same order, so results are the same bits as the GGUF layout's.
 Repacked types are numbered ``REPACKED[qtype] = 0x100 | qtype`` (never a ggml type).
 """
 from __future__ import annotations
 
-import gguf
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .legacy_ir import (F16, I8, I32, V8F32, V8I32, V32I8, Decoded, _emit_tile, _i64, _join,
-                        _load, _vec, have_vnni)
-from .legacy import _check, _frozen
+from .arrays import check_activations, frozen
+from .formats import FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from .ir import (F16, I1, I32, I64, V8F32, V8I32, V32I8, have_vnni256, join, load_at, prefetch,
+                 vector_type)
+from .legacy_ir import Decoded, emit_tile
 from .q8_act import QK8, q8_rows
 
-_T = gguf.GGMLQuantizationType
-I1 = ir.IntType(1)
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
-
-# qtype -> (block bytes, byte of qh in the block or None, byte of qs, has mins, code offset)
-_FORMAT = {
-    Q4_0: (18, None, 2, False, 8), Q4_1: (20, None, 4, True, 0),
-    Q5_0: (22, 2, 6, False, 16), Q5_1: (24, 4, 8, True, 0), Q8_0: (34, None, 2, False, 128),
-}
-REC = {qt: 8 * f[0] for qt, f in _FORMAT.items()}
-REPACKED = {qt: 0x100 | qt for qt in _FORMAT}
+REC = {qt: 8 * FORMATS[qt].type_size for qt in LEGACY}      # bytes per record
+REPACKED = {qt: 0x100 | qt for qt in LEGACY}
 M_CHUNK = 32                     # activation rows per pass over a record (as legacy.M_CHUNK)
 
 
 def can_repack(qtype: int, n_rows: int) -> bool:
-    return qtype in _FORMAT and n_rows % 8 == 0
+    return qtype in REPACKED and n_rows % 8 == 0
 
 
 def repack(w: np.ndarray, qtype: int) -> np.ndarray:
     """GGUF rows (N, nb * block) uint8 -> a new array of the same shape holding the records
     (module docstring): stream t (records (t, 0 .. nb-1)) in rows 8t .. 8t+7."""
-    bb, qh_at, qs_at, mins, _ = _FORMAT[qtype]
+    fmt = FORMATS[qtype]
+    bb, qh_at, qs_at, mins = fmt.type_size, fmt.qh_offset, fmt.qs_offset, fmt.has_min
     if w.dtype != np.uint8 or w.ndim != 2 or w.shape[0] % 8 or w.shape[1] % bb:
-        raise ValueError(f"cannot repack a {w.dtype} {w.shape} array as {_T(qtype).name}")
+        raise ValueError(f"cannot repack a {w.dtype} {w.shape} array as {fmt.name}")
     out = np.empty_like(w)
     _repack(np.ascontiguousarray(w).reshape(-1), out.reshape(-1), w.shape[0] // 8,
             w.shape[1] // bb, bb, -1 if qh_at is None else qh_at, qs_at, mins, qtype == Q8_0)
@@ -107,25 +99,26 @@ def _repack(w, out, n_streams, nb, bb, qh_at, qs_at, mins, q8):
 
 def _f16x8_at(builder, wp, off):
     """8 consecutive fp16 -> <8 x float> (exact)."""
-    return builder.fpext(_load(builder, wp, off, _vec(F16, 8)), V8F32)
+    return builder.fpext(load_at(builder, wp, off, vector_type(F16, 8)), V8F32)
 
 
 def _decode(builder, wp, off, qtype: int) -> Decoded:
     """The record at byte ``off`` -> Decoded (legacy_ir: lane r of cols[c] = codes 4c..4c+3
     of row r), as legacy_ir's decoders give it from the GGUF layout."""
-    _, qh_at, _, mins, code_off = _FORMAT[qtype]
-    at = lambda k: builder.add(off, _i64(k))                        # noqa: E731
+    fmt = FORMATS[qtype]
+    qh_at, mins, code_off = fmt.qh_offset, fmt.has_min, fmt.code_offset
+    at = lambda k: builder.add(off, I64(k))                        # noqa: E731
     d = _f16x8_at(builder, wp, off)
     m = _f16x8_at(builder, wp, at(16)) if mins else None
     pos = 32 if mins else 16
     if qtype == Q8_0:
-        return Decoded([_load(builder, wp, at(pos + 32 * c), V8I32) for c in range(8)], code_off, d, m)
+        return Decoded([load_at(builder, wp, at(pos + 32 * c), V8I32) for c in range(8)], code_off, d, m)
     masks = None
     if qh_at is not None:
-        masks = [builder.bitcast(_load(builder, wp, at(pos + 4 * c), I32), _vec(I1, 32)) for c in range(8)]
+        masks = [builder.bitcast(load_at(builder, wp, at(pos + 4 * c), I32), vector_type(I1, 32)) for c in range(8)]
         pos += 32
     nib, four = ir.Constant(V8I32, [0x0F0F0F0F] * 8), ir.Constant(V8I32, [4] * 8)
-    vs = [_load(builder, wp, at(pos + 32 * j), V8I32) for j in range(4)]
+    vs = [load_at(builder, wp, at(pos + 32 * j), V8I32) for j in range(4)]
     cols = [builder.and_(v, nib) for v in vs] + [builder.and_(builder.lshr(v, four), nib) for v in vs]
     if masks is not None:                                           # bit 4 is clear: +16 sets it
         sixteen = ir.Constant(V32I8, [16] * 32)
@@ -141,7 +134,7 @@ PREFETCH_BYTES = 1024   # how far ahead in each record stream the tile prefetche
 def make_tile(qtype: int, rows: int):
     """Tile intrinsic over ``rows`` (8 or 16) repacked rows: records at byte t0 + b*REC (and,
     for 16 rows, the next 8-row stream nb*REC further on); otherwise as legacy_ir's tile."""
-    rec, vnni = REC[qtype], have_vnni()
+    rec, vnni = REC[qtype], have_vnni256()
 
     @intrinsic
     def tile(typingctx, w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms):
@@ -155,26 +148,22 @@ def make_tile(qtype: int, rows: int):
                 return context.cast(builder, args[i], signature.args[i], types.int64)
 
             wp, nb_ = data(0), as_i64(8)
-            offs = [builder.add(as_i64(1), builder.mul(as_i64(2), _i64(rec)))]
+            offs = [builder.add(as_i64(1), builder.mul(as_i64(2), I64(rec)))]
             if rows == 16:
-                offs.append(builder.add(offs[0], builder.mul(nb_, _i64(rec))))
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
-                "llvm.prefetch.p0")
+                offs.append(builder.add(offs[0], builder.mul(nb_, I64(rec))))
             for o in offs:
                 for line in range((rec + 63) // 64):
-                    ptr = builder.gep(wp, [builder.add(o, _i64(PREFETCH_BYTES + 64 * line))])
-                    builder.call(fn, [ptr, I32(0), I32(3), I32(1)])
+                    prefetch(builder, builder.gep(wp, [builder.add(o, I64(PREFETCH_BYTES + 64 * line))]))
             decs = [_decode(builder, wp, o, qtype) for o in offs]
             dec = decs[0]
             if rows == 16:
                 hi = decs[1]
-                dec = Decoded([_join(builder, a, c) for a, c in zip(dec.cols, hi.cols)], dec.off,
-                              _join(builder, dec.d, hi.d),
-                              None if dec.m is None else _join(builder, dec.m, hi.m))
+                dec = Decoded([join(builder, a, c) for a, c in zip(dec.cols, hi.cols)], dec.off,
+                              join(builder, dec.d, hi.d),
+                              None if dec.m is None else join(builder, dec.m, hi.m))
             ptrs = (data(3), data(4), data(5), data(6), data(11))
             ints = (as_i64(2), as_i64(7), nb_, as_i64(9), as_i64(10), as_i64(12), as_i64(13))
-            _emit_tile(builder, dec, vnni, ptrs, ints)
+            emit_tile(builder, dec, vnni, ptrs, ints)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -182,8 +171,8 @@ def make_tile(qtype: int, rows: int):
     return tile
 
 
-_t8 = {qt: make_tile(qt, 8) for qt in _FORMAT}
-_t16 = {qt: make_tile(qt, 16) for qt in _FORMAT}
+_t8 = {qt: make_tile(qt, 8) for qt in LEGACY}
+_t16 = {qt: make_tile(qt, 16) for qt in LEGACY}
 _t8_q4_0, _t8_q4_1, _t8_q5_0, _t8_q5_1, _t8_q8_0 = (_t8[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
 _t16_q4_0, _t16_q4_1, _t16_q5_0, _t16_q5_1, _t16_q8_0 = (_t16[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
 
@@ -260,14 +249,14 @@ def _matmul_quant(qtype, w, x, out):
 
 
 def _make(qtype: int):
-    block_bytes = _FORMAT[qtype][0]
+    block_bytes = FORMATS[qtype].type_size
 
     def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-        _check(x, out, w.shape[0])
+        check_activations(x, out, w.shape[0])
         if w.shape[1] != x.shape[1] // QK8 * block_bytes or x.shape[1] % QK8 or w.shape[0] % 8:
-            raise ValueError(f"repacked {_T(qtype).name} weight {w.shape} does not match x {x.shape}")
-        _matmul_quant(qtype, _frozen(w), x, out)
+            raise ValueError(f"repacked {FORMATS[qtype].name} weight {w.shape} does not match x {x.shape}")
+        _matmul_quant(qtype, frozen(w), x, out)
     return matmul
 
 
-MATMUL = {REPACKED[qt]: _make(qt) for qt in _FORMAT}    # repacked type id -> fn(w, x, out)
+MATMUL = {REPACKED[qt]: _make(qt) for qt in LEGACY}    # repacked type id -> fn(w, x, out)

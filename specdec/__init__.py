@@ -1,8 +1,46 @@
 """specdec: exact speculative decoding of GGUF models on the CPU."""
-from .api import Completion, Model, load
-from .chat import Conversation
-from .errors import (ConfigError, ContextOverflowError, GGUFError, IncompatibleDraftError,
-                     SpecdecError, TokenizerError, UnsupportedModelError)
+
+
+def _checkout_kernels() -> None:
+    """Make ``specdec.kernels`` the kernels/ folder next to this one in a source checkout.
+
+    The Numba kernels live in the top-level folder kernels/ and are installed as the
+    subpackage ``specdec.kernels`` (pyproject.toml: ``package-dir``), so an install has
+    specdec/kernels/ and this does nothing.  A source checkout (specdec/ and kernels/ side by
+    side, pyproject.toml above them) run without that mapping -- from its root with no install,
+    or with an editable install of another checkout -- would find no specdec.kernels, or
+    another checkout's: there the sibling folder is loaded under that name, so a checkout
+    always runs its own kernels.
+    """
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    init = here.parent / "kernels" / "__init__.py"
+    if (here / "kernels").exists() or not (init.is_file() and (here.parent / "pyproject.toml").is_file()):
+        return                                      # installed, or not a checkout
+    found = importlib.util.find_spec(__name__ + ".kernels")
+    if found is not None and found.origin and Path(found.origin).resolve() == init:
+        return                                      # an editable install of this checkout
+    spec = importlib.util.spec_from_file_location(__name__ + ".kernels", init,
+                                                  submodule_search_locations=[str(init.parent)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[spec.name]
+        raise
+    globals()["kernels"] = module
+
+
+_checkout_kernels()
+
+from .api import Completion, Model, load  # noqa: E402
+from .chat import Conversation  # noqa: E402
+from .errors import (ConfigError, ContextOverflowError, GGUFError,  # noqa: E402
+                     IncompatibleDraftError, SpecdecError, TokenizerError, UnsupportedModelError)
 
 __all__ = ["load", "Model", "Completion", "Conversation", "SpecdecError", "GGUFError", "UnsupportedModelError",
            "TokenizerError", "ContextOverflowError", "IncompatibleDraftError", "ConfigError"]

@@ -245,39 +245,22 @@ class PromptLookupDrafter(Drafter):
     output), and propose the tokens that followed it.
 
     Rule: the longest suffix n-gram with an earlier occurrence, n from ngram_max down to
-    ngram_min; of its occurrences, the most recent one (the copy nearest in the text: when
-    an answer re-types code from the prompt, or the output repeats its own recent lines, the
-    closest occurrence is the one being continued; and a dict of latest positions is an O(1)
-    incremental index).  transformers' PromptLookupCandidateGenerator takes the earliest
-    occurrence instead; llama.cpp's lookup ranks continuations by counts.  The copy is
-    LZ77-style and may overlap the tokens it is producing, so a periodic suffix (`a b a b`)
-    continues its period for as many tokens as asked.  No match: an empty draft.
+    ngram_min; of its occurrences, the most recent one (the copy nearest in the text; an O(1)
+    incremental index).  The copy is LZ77-style and may overlap the tokens it is producing,
+    so a periodic suffix (`a b a b`) continues its period.  No match: an empty draft.
+    copy_ratio (default 1): a match of n tokens copies at most copy_ratio · n of the n_max
+    tokens asked (0: always n_max) — the match length is the evidence of re-typing.
 
-    Copy length (copy_ratio, default 1): a match of n tokens copies at most copy_ratio · n of
-    the n_max tokens asked (0: always n_max).  The match length is the evidence that the text
-    is being re-typed: a 2-token match (`) :`, `self .`) says little about the next 8 tokens,
-    a 16-token one a lot.  Replayed on the drafters benchmark's answers at this machine's
-    verification costs, copying at most as many tokens as matched took fixed-length lookup from
-    1.81x to 1.92x on code editing and from 0.97x to 1.08x on fresh code (draft-n 8), more than
-    the adaptive length policy gains on its own (1.90x, 1.08x).
-
-    Resuming after an edit (resume=True; off by default: on the code-editing benchmark it
-    helped renames, 2.09x -> 2.28x, and cost as much on insertions and prose, 1.95x -> 1.91x
-    over the set): when the answer re-types earlier text with a change
-    (a renamed variable, an inserted annotation), the tokens just after the change have no
-    earlier occurrence, so the suffix rule finds nothing (or only a short, wrong match) for
-    as long as the new tokens are in the suffix.  The copy is then resumed from its anchor:
-    for the smallest e <= RESUME_EDIT_MAX such that the context without its last e tokens
-    ends with an n-gram of at least RESUME_ANCHOR tokens seen earlier (ending at j), the
-    draft is what followed the source token at j, which the e new tokens are taken to
-    replace.  It is used when it anchors on a longer n-gram than the suffix rule's match, and
-    has its own key (`prompt-lookup/resume`), so an adaptive policy learns how far such copies
-    run.
+    resume=True (off by default): after an edit breaks a copy, for the smallest
+    e <= RESUME_EDIT_MAX such that the context without its last e tokens ends with an n-gram
+    of at least RESUME_ANCHOR tokens seen earlier (ending at j), draft what followed the
+    source token at j; used when it anchors on a longer n-gram than the suffix rule's match,
+    under its own key `prompt-lookup/resume`.
 
     q rows are one-hot on the copied tokens: the draft is a deterministic function of the
-    context, so it is exactly "x ~ q".  Verification then accepts x with probability p(x) and
-    otherwise samples normalize(max(0, p - q)), i.e. p without x (Leviathan et al. 2023,
-    Algorithm 1): the output law stays the target's."""
+    context, so it is exactly "x ~ q", and verification keeps the target's law (Leviathan et
+    al. 2023, Algorithm 1).  Why these rules and what they measured: docs/speculative.md
+    ("How much prompt lookup copies", "Prompt lookup across an edit")."""
 
     source = "prompt-lookup"
 

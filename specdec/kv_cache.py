@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.attention import KV_BLOCK
+from .kernels.attention import KV_BLOCK
 
 from .errors import ContextOverflowError
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 from gguf import GGMLQuantizationType
 
-import kernels
-from kernels import repack
-from kernels.attention import attention
-from kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_sin, swiglu
+from . import kernels
+from .kernels import repack
+from .kernels.attention import attention
+from .kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_sin, swiglu
 
 from .config import ROPE_NEOX, ModelConfig
 from .errors import ConfigError, GGUFError, UnsupportedModelError

@@ -5,7 +5,6 @@ fetched on first use like `specdec pull` would; SPECDEC_OFFLINE=1 skips those te
 """
 from __future__ import annotations
 
-import os
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -14,9 +13,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from helpers import real_model_path  # noqa: E402
 from synth import TinySpec, write_tiny_model  # noqa: E402
 
-REFERENCE = Path(__file__).parent / "data" / "reference"
 REAL_MODELS = ("smollm2-135m-instruct-q4_1", "qwen2.5-coder-0.5b-instruct",
                "qwen2.5-coder-1.5b-instruct-q4_k_m", "gemma-3-270m-q4_k_m")
 
@@ -36,16 +35,6 @@ def tiny_model(tiny_dir):
         name = f"{spec.arch}-{spec.qtype}-{spec.n_vocab}-{spec.d_model}-{spec.seed}-{abs(hash(spec))}.gguf"
         return specdec.load(write_tiny_model(tiny_dir / name, spec), n_ctx=spec.n_ctx)
     return make
-
-
-def real_model_path(model_id: str) -> Path:
-    from specdec import hub
-    if os.environ.get("SPECDEC_OFFLINE") == "1":
-        try:
-            return hub.resolve(model_id, download=False)
-        except Exception:
-            pytest.skip(f"{model_id} not in the model cache (SPECDEC_OFFLINE=1)")
-    return hub.resolve(model_id, download=True, progress=False)
 
 
 @lru_cache(maxsize=None)

@@ -24,7 +24,7 @@ from specdec.policies import (AdaptiveLength, FixedLength, StepFeedback, Thresho
                               expected_tokens, make_policy)
 from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
 from specdec.speculative import generate_speculative
-from test_speculative import ListTrace, factories, sampling_params, target_law
+from helpers import ListTrace, factories, sampling_params, target_law
 
 KINDS = ("lookup", "lookup-full", "hybrid", "adaptive-model", "adaptive-lookup", "adaptive-hybrid",
          "adaptive-resume")

@@ -1,5 +1,6 @@
-"""Gemma-3: the forward pass checked against llama.cpp's rules, the real model against
-llama.cpp's outputs, the end-of-turn token, the chat format and draft compatibility.
+"""Gemma-3: the forward pass checked against llama.cpp's rules, the end-of-turn token, the
+chat format and draft compatibility (the real model against llama.cpp's outputs: with the
+other models in test_reference.py).
 
 llama.cpp's gemma3 graph (src/models/gemma3.cpp, hparams in llama-model.cpp), which
 `reference_forward` below restates in float64:
@@ -36,17 +37,13 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-import test_reference as ref
-from conftest import REFERENCE
+from helpers import greedy_records
 from synth import TinySpec
 
 GEMMA = "gemma-3-270m-q4_k_m"
 QWEN = "qwen2.5-coder-0.5b-instruct"
 END_OF_TURN = 106
 
-MARGIN = ref.MARGIN                    # greedy ids must match up to llama.cpp's first margin below this
-LOGIT_MEAN, LOGIT_MAX = 0.35, 1.0      # first-step top-32 logits, |ours - llama.cpp|
-PPL_REL = 0.01                         # perplexity, relative
 
 # 7 layers, window 3: layers 0-4 and 6 slide, layer 5 is global; 12 tokens > window
 TINY = TinySpec(arch="gemma3", qtype=int(T.F32), n_layer=7, sliding_window=3, tied=True, seed=11)
@@ -158,39 +155,6 @@ def test_window_keeps_rollback_exact(tiny_model):
 
 # ------------------------------------------------------------ the real model vs llama.cpp
 
-@pytest.mark.real
-def test_greedy_matches_llamacpp(real_model):
-    ref.test_greedy_matches_llamacpp(real_model, GEMMA)
-
-
-@pytest.mark.real
-def test_first_step_logits(real_model):
-    m = real_model(GEMMA)
-    diffs = []
-    for r in ref._greedy(GEMMA):
-        logits = m.logits(r["prompt_ids"])[-1]                       # (V,)
-        top = np.array(r["first_top32"], dtype=np.float64)           # (32, 2) id, logit
-        ids = top[:, 0].astype(np.int64)
-        diffs.append(np.abs(logits[ids] - top[:, 1]))
-        if r["margins"][0] >= MARGIN:
-            assert int(np.argmax(logits)) == int(ids[0]), r["prompt"][:40]
-    d = np.concatenate(diffs)
-    print(f"\n{GEMMA}: first-step top-32 logits |ours - llama.cpp| mean {d.mean():.3f} max {d.max():.3f}")
-    assert d.mean() <= LOGIT_MEAN and d.max() <= LOGIT_MAX
-
-
-@pytest.mark.real
-def test_perplexity(real_model):
-    m = real_model(GEMMA)
-    rec = next(r for r in ref.RECORDS if r["kind"] == "perplexity" and r["model"] == GEMMA)
-    tokens = m.tokenize((REFERENCE / rec["file"]).read_text(encoding="utf-8"), special=False)
-    assert tokens[0] == m.tokenizer.bos_id and len(tokens) >= rec["n_ctx"] * rec["chunks"]
-    ppl = ref.perplexity(m, tokens, rec["n_ctx"], rec["chunks"])
-    rel = abs(ppl - rec["ppl"]) / rec["ppl"]
-    print(f"\n{GEMMA}: perplexity {ppl:.4f} vs llama.cpp {rec['ppl']:.4f} ({rel:.2%})")
-    assert rel < PPL_REL
-
-
 # ------------------------------------------------------------ end of turn, chat format
 
 class _ForceAfter:
@@ -253,7 +217,7 @@ def test_chat_template_gives_llamacpp_prompt_ids(real_model):
     assert m.tokenizer.chat_template is None
     tok = dataclasses.replace(m.tokenizer, chat_template=GEMMA_TEMPLATE)
     head, tail = "<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"
-    chats = [r for r in ref._greedy(GEMMA) if r["prompt"].startswith(head) and r["prompt"].endswith(tail)]
+    chats = [r for r in greedy_records(GEMMA) if r["prompt"].startswith(head) and r["prompt"].endswith(tail)]
     assert len(chats) >= 3
     for r in chats:
         text = chat_prompt(tok, [{"role": "user", "content": r["prompt"][len(head):-len(tail)]}])

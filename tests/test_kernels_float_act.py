@@ -1,7 +1,7 @@
 """Quantized weights × float32 activations (kernels/float_act.py), every block format.
 
 Reference: gguf.quants.dequantize(W) @ x in float64.  The kernel dequantizes bit-exactly
-(kernels/dequant_simd.py; bit for bit against an emulation below) and sums K float32 products in 32 lanes, so its
+(kernels/dequant_ir.py; bit for bit against an emulation below) and sums K float32 products in 32 lanes, so its
 error is float32 rounding only: at most γ_K·Σ|w·x| with γ_K = K·2⁻²⁴/(1 − K·2⁻²⁴), the
 textbook bound for a float32 sum of K rounded products (Higham, Accuracy and Stability,
 §3.1) — the bound asserted here, with no slack for any decoding mistake, which would be
@@ -15,10 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernels
+from specdec import kernels
 from fakes import one_thread
-from test_kernels_kquants import random_weights
-from test_kernels_legacy import emulate_float, make_weights
+from helpers import emulate_float, make_weights, random_weights
 
 T = gguf.GGMLQuantizationType
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
@@ -59,7 +58,7 @@ def test_matches_dequantized_within_float32_bound(qtype, seed, m, n, nb):
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(2, 40), n=st.integers(1, 40))
 def test_rows_are_independent(qtype, seed, m, n):
     """out[m] is bitwise the same whatever M, the other rows and the thread count are (fused
-    passes of up to 8 rows, dequant_simd.MATMUL_DOT; Q3_K through a dequantized row buffer)."""
+    passes of up to 8 rows, dequant_ir.MATMUL_DOT; Q3_K through a dequantized row buffer)."""
     rng = np.random.default_rng(seed)
     w = weights(rng, qtype, n, 512)
     x = rng.standard_normal((m, 512)).astype(np.float32)
@@ -85,7 +84,7 @@ def test_bad_shapes_are_rejected():
 def test_matches_documented_float_sequence_bitwise(qtype, seed, m, n, nb):
     """Raw bytes (every code, random finite scales) give bit for bit gguf's dequantized row
     dotted with x in legacy.dot32_lanes' 32 float32 lanes and fold: the SIMD decoders of
-    dequant_simd are exact and the fused dot keeps that order, across passes of 8 rows."""
+    dequant_ir are exact and the fused dot keeps that order, across passes of 8 rows."""
     rng = np.random.default_rng(seed)
     k = 256 * nb
     w = make_weights(qtype, n, k, rng, raw=True) if qtype in LEGACY else random_weights(rng, qtype, n, nb)

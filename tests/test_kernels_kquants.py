@@ -14,34 +14,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from kernels import kquants, kquants_simd
-from kernels.q8k import natural_order, quantize_q8_k
+from specdec.kernels import formats, kquants, kquants_ir
+from specdec.kernels.q8k import natural_order, quantize_q8_k
 from fakes import one_thread
+from helpers import F16_FIELDS, random_weights, real_model_path
 
 T = gguf.GGMLQuantizationType
 FORMATS = [T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K]
-F16_FIELDS = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 HAS_DMIN = {T.Q2_K, T.Q4_K, T.Q5_K}
 # max |sc·q| and max |mn| of one value, for the float-rounding part of the error bound
 MAX_SCQ = {T.Q2_K: 15 * 3, T.Q3_K: 32 * 4, T.Q4_K: 63 * 15, T.Q5_K: 63 * 31, T.Q6_K: 128 * 32}
 MAX_MN = {T.Q2_K: 15, T.Q3_K: 0, T.Q4_K: 63, T.Q5_K: 63, T.Q6_K: 0}
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def random_weights(rng, qtype, n: int, nb: int, f16=None) -> np.ndarray:
-    """uint8 (n, nb·block_bytes): random bytes; the fp16 fields get ``f16`` (an fp16 value)
-    or random finite halves (zero, subnormal and normal, either sign, |v| < 1)."""
-    w = rng.integers(0, 256, (n, nb, kquants.BLOCK_BYTES[int(qtype)]), dtype=np.uint8)
-    for o in F16_FIELDS[qtype]:
-        if f16 is None:
-            bits = (rng.integers(0, 2, (n, nb)) << 15) | (rng.integers(0, 15, (n, nb)) << 10) \
-                | rng.integers(0, 1024, (n, nb))
-            h = bits.astype(np.uint16)
-        else:
-            h = np.full((n, nb), np.float16(f16)).view(np.uint16)
-        w[:, :, o:o + 2] = h.view(np.uint8).reshape(n, nb, 2)
-    return w.reshape(n, -1)
 
 
 def matmul(qtype, w, x) -> np.ndarray:
@@ -205,10 +190,10 @@ def _assert_rows_alone_and_serial(qtype, w, x, full):
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_matmul_rows_independent_across_passes(qtype):
-    """M > MAX_STATIC_M with more weight rows than a pass holds (kquants_simd.PASS_ROWS):
+    """M > MAX_STATIC_M with more weight rows than a pass holds (kquants_ir.PASS_ROWS):
     every row of out bitwise its one-row result, on one thread and on all of them."""
     rng = np.random.default_rng(int(qtype) + 100)
-    n, m = 2 * kquants_simd.PASS_ROWS + 5, kquants_simd.MAX_STATIC_M + kquants_simd.PASS_M + 3
+    n, m = 2 * kquants_ir.PASS_ROWS + 5, kquants_ir.MAX_STATIC_M + kquants_ir.PASS_M + 3
     w = random_weights(rng, qtype, n, 2)
     x = rng.standard_normal((m, 512)).astype(np.float32)
     _assert_rows_alone_and_serial(qtype, w, x, matmul(qtype, w, x))
@@ -216,7 +201,7 @@ def test_matmul_rows_independent_across_passes(qtype):
 
 def _portable_matmul(qtype):
     """The matmul over the portable code path (no VNNI, no F16C), 3 chunks, serial."""
-    chunk = kquants_simd.make_chunk_kernel(int(qtype), vnni=False, f16c=False)
+    chunk = kquants_ir.make_chunk_kernel(int(qtype), vnni=False, f16c=False)
 
     @njit
     def matmul(w, xq, xd, xbs, out):
@@ -239,9 +224,9 @@ def test_portable_path_matches_native_bitwise(qtype):
 
 @pytest.mark.parametrize("f16c", [False, True])
 def test_f16_conversion_exhaustive(f16c):
-    if f16c and not kquants_simd.have_f16c():
+    if f16c and not kquants_ir.have_f16c():
         pytest.skip("no F16C on this machine")
-    load = kquants_simd.make_load_f16(f16c)
+    load = kquants_ir.make_load_f16(f16c)
 
     @njit
     def convert(w, out):
@@ -280,7 +265,6 @@ def test_get_rows_bit_exact(qtype, seed, n, nb, n_ids):
 def test_real_tensors_zero_copy():
     """qwen2.5-coder-1.5b Q4_K_M: matmul on read-only memmap rows within the bound,
     get_rows bit-exact, M=1 vs M=3 bitwise."""
-    from conftest import real_model_path
 
     from specdec.gguf_file import GGUFFile
     g = GGUFFile(real_model_path("qwen2.5-coder-1.5b-instruct-q4_k_m"))
@@ -289,7 +273,7 @@ def test_real_tensors_zero_copy():
                  "token_embd.weight"):
         qtype = T(g.tensors[name].ggml_type)
         w = g.tensor(name)[:160]                           # (160, row_bytes) view of the file
-        k = w.shape[1] // kquants.BLOCK_BYTES[int(qtype)] * 256
+        k = w.shape[1] // formats.FORMATS[int(qtype)].type_size * 256
         x = rng.standard_normal((3, k)).astype(np.float32)
         out = matmul(qtype, w, x)
         ref = x.astype(np.float64) @ dequant(np.asarray(w), qtype).astype(np.float64).T

@@ -10,38 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from kernels import legacy, legacy_ir, repack
-from kernels.q8_act import q8_0_bytes, quantize_q8
+from specdec.kernels import formats, legacy, legacy_ir, repack
+from specdec.kernels.q8_act import q8_0_bytes, quantize_q8
+from helpers import FLOATS, LAYOUT, emulate_float, make_weights, real_model_path, widen
 
 T = gguf.GGMLQuantizationType
 QUANTS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
-FLOATS = [T.F32, T.F16, T.BF16]
 ALL = QUANTS + FLOATS
 U = 2.0 ** -24  # unit roundoff of float32
-# byte layout of a 32-block: (fp16 fields, offset of qh or None, offset of qs, code offset)
-LAYOUT = {T.Q4_0: ((0,), None, 2, 8), T.Q4_1: ((0, 2), None, 4, 0), T.Q5_0: ((0,), 2, 6, 16),
-          T.Q5_1: ((0, 2), 4, 8, 0), T.Q8_0: ((0,), None, 2, 0)}
 SETTINGS = settings(max_examples=30, deadline=None)
 
 
 # ------------------------------------------------------------------------------ helpers
-
-def make_weights(qt, n: int, k: int, rng: np.random.Generator, raw: bool) -> np.ndarray:
-    """Weights as GGUFReader holds them: F32 float32 (n, k), F16 float16 (n, k), else uint8.
-
-    raw=False quantizes normal values with gguf; raw=True draws random bytes (every code,
-    Q8_0's -128 included) with finite fp16 scales / mins in ±[1e-3, 1].
-    """
-    if qt in FLOATS or not raw:
-        vals = (rng.standard_normal((n, k)) * rng.uniform(0.1, 3.0)).astype(np.float32)
-        return vals.astype(np.float16) if qt == T.F16 else gguf.quants.quantize(vals, qt)
-    bb = legacy.BLOCK_BYTES[int(qt)]
-    w = rng.integers(0, 256, (n, k // 32, bb), dtype=np.uint8)
-    for o in LAYOUT[qt][0]:
-        h = (rng.uniform(1e-3, 1.0, (n, k // 32)) * rng.choice([-1, 1], (n, k // 32)))
-        w[:, :, o:o + 2] = h.astype(np.float16).view(np.uint8).reshape(n, k // 32, 2)
-    return w.reshape(n, -1)
-
 
 def dequant(w: np.ndarray, qt) -> np.ndarray:
     """gguf's reference dequantization -> float32 (n, k)."""
@@ -55,7 +35,7 @@ def parse_blocks(w: np.ndarray, qt):
     """
     f16s, qh_at, qs_at, off = LAYOUT[qt]
     n = w.shape[0]
-    blk = w.reshape(n, -1, legacy.BLOCK_BYTES[int(qt)])
+    blk = w.reshape(n, -1, formats.FORMATS[int(qt)].type_size)
     scales = [blk[:, :, o:o + 2].copy().view(np.float16)[..., 0].astype(np.float32) for o in f16s]
     if qt == T.Q8_0:
         codes = blk[:, :, 2:].view(np.int8).astype(np.int64)
@@ -84,29 +64,6 @@ def emulate_quant(w: np.ndarray, qt, x: np.ndarray) -> np.ndarray:
             t = t + mw[None, :, b] * act.s[:, None, b]
         acc = acc + t
     return acc
-
-
-def widen(w: np.ndarray, qt) -> np.ndarray:
-    """Float-format weights -> exact float32 (n, k)."""
-    if qt == T.BF16:
-        return (w.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    return w.astype(np.float32)
-
-
-def emulate_float(w: np.ndarray, qt, x: np.ndarray) -> np.ndarray:
-    """32 interleaved float32 partial sums l[0..31]; v[j] = (l[j]+l[j+8]) + (l[j+16]+l[j+24]);
-    ((v0+v1)+(v2+v3))+((v4+v5)+(v6+v7)); then the K mod 32 tail in order."""
-    a, k = widen(w, qt), x.shape[1]
-    k32 = k - k % 32
-    lanes = np.zeros((x.shape[0], w.shape[0], 32), np.float32)
-    for i in range(0, k32, 32):
-        lanes = lanes + a[None, :, i:i + 32] * x[:, None, i:i + 32]
-    v = (lanes[..., 0:8] + lanes[..., 8:16]) + (lanes[..., 16:24] + lanes[..., 24:32])
-    total = ((v[..., 0] + v[..., 1]) + (v[..., 2] + v[..., 3])) \
-        + ((v[..., 4] + v[..., 5]) + (v[..., 6] + v[..., 7]))
-    for i in range(k32, k):
-        total = total + a[None, :, i] * x[:, None, i]
-    return total
 
 
 def matmul(w, qt, x) -> np.ndarray:
@@ -279,7 +236,7 @@ def test_repacked_records_give_the_same_bits(qt, seed, tiles, nb, m):
 def _unrepack(r: np.ndarray, qt) -> np.ndarray:
     """The GGUF rows back from repack's records (module docstring of kernels/repack.py)."""
     fp16, qh_at, qs_at, _ = LAYOUT[qt]
-    bb = legacy.BLOCK_BYTES[int(qt)]
+    bb = formats.FORMATS[int(qt)].type_size
     n, row_bytes = r.shape
     t, nb = n // 8, row_bytes // bb
     rec = r.reshape(t, nb, 8 * bb)
@@ -334,7 +291,6 @@ def test_get_rows_bit_exact(qt, seed, raw):
 @pytest.mark.real
 def test_real_smollm2_tensors():
     """The reader's zero-copy arrays (Q4_1 weight, Q8_0 embedding) go in as they are."""
-    from conftest import real_model_path
     reader = gguf.GGUFReader(real_model_path("smollm2-135m-instruct-q4_1"))
     tensors = {t.name: t for t in reader.tensors}
     rng = np.random.default_rng(0)

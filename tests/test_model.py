@@ -114,7 +114,7 @@ def test_no_mmap_reads_one_copy_with_the_same_logits(tiny_model, spec):
     layer weights are rewritten in place into kernels.repack's 8-row records (the embedding
     table is not), and the logits are bitwise those of the mapped file."""
     import specdec
-    from kernels import repack
+    from specdec.kernels import repack
     m = tiny_model(spec)
     c = specdec.load(m.path, n_ctx=m.n_ctx, mmap=False)
     wq = c.weights.layers[0].wq

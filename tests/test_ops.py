@@ -6,8 +6,8 @@ import math
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from kernels.attention import attention, blocked_keys
-from kernels.ops import swiglu
+from specdec.kernels.attention import attention, blocked_keys
+from specdec.kernels.ops import swiglu
 
 
 def test_swiglu_close_to_float64_and_in_place():

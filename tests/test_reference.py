@@ -8,28 +8,17 @@ The figures reached are printed (pytest -s, or the -rA summary) for the record.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 import pytest
 
-from conftest import REFERENCE
+from helpers import MARGIN, REFERENCE, RECORDS, first_low_margin, greedy_records, perplexity
 
-MARGIN = 0.5
-CI_MODELS = ["smollm2-135m-instruct-q4_1", "qwen2.5-coder-0.5b-instruct"]
+CI_MODELS = ["smollm2-135m-instruct-q4_1", "qwen2.5-coder-0.5b-instruct", "gemma-3-270m-q4_k_m"]
 # The 1.5B costs ~1 GB of download and minutes of CPU: on by default, SPECDEC_SKIP_1_5B=1 drops it.
 MODELS = CI_MODELS + ([] if os.environ.get("SPECDEC_SKIP_1_5B") == "1"
                       else ["qwen2.5-coder-1.5b-instruct-q4_k_m"])
-RECORDS = [json.loads(line) for line in open(REFERENCE / "llamacpp.jsonl", encoding="utf-8")]
-
-
-def _greedy(model_id):
-    return [r for r in RECORDS if r["kind"] == "greedy" and r["model"] == model_id]
-
-
-def _first_low_margin(margins) -> int:
-    return next((i for i, m in enumerate(margins) if m < MARGIN), len(margins))
 
 
 @pytest.mark.real
@@ -37,10 +26,10 @@ def _first_low_margin(margins) -> int:
 def test_greedy_matches_llamacpp(real_model, model_id):
     m = real_model(model_id)
     full, report = 0, []
-    for r in _greedy(model_id):
+    for r in greedy_records(model_id):
         assert m.tokenize(r["prompt"]) == r["prompt_ids"]
         out = m.generate(r["prompt_ids"], n_predict=r["n_predict"], temperature=0.0)
-        must = _first_low_margin(r["margins"])
+        must = first_low_margin(r["margins"])
         ours, theirs = out.ids, r["ids"]
         assert ours[:must] == theirs[:must], (r["prompt"][:40], must, ours[:must], theirs[:must])
         same = ours == theirs and (out.stop_reason == "eog") == r["stopped_at_eog"]
@@ -54,7 +43,7 @@ def test_greedy_matches_llamacpp(real_model, model_id):
 def test_first_step_logits(real_model, model_id):
     m = real_model(model_id)
     diffs = []
-    for r in _greedy(model_id):
+    for r in greedy_records(model_id):
         logits = m.logits(r["prompt_ids"])[-1]                       # (V,)
         top = np.array(r["first_top32"], dtype=np.float64)           # (32, 2) id, logit
         ids = top[:, 0].astype(np.int64)
@@ -66,24 +55,6 @@ def test_first_step_logits(real_model, model_id):
     assert d.mean() <= 0.35 and d.max() <= 1.0
 
 
-def perplexity(m, tokens: list[int], n_ctx: int, chunks: int) -> float:
-    """llama-perplexity: chunk, BOS in place of each chunk's first token when the model adds
-    BOS, score positions n_ctx/2 .. n_ctx-2 against the next token."""
-    nll, count = 0.0, 0
-    for c in range(chunks):
-        chunk = list(tokens[c * n_ctx:(c + 1) * n_ctx])
-        if m.tokenizer.add_bos:
-            chunk[0] = m.tokenizer.bos_id
-        logits = m.logits(chunk).astype(np.float64)                  # (n_ctx, V)
-        for j in range(n_ctx // 2, n_ctx - 1):
-            row = logits[j]
-            mx = row.max()
-            lse = mx + np.log(np.exp(row - mx).sum())
-            nll += lse - row[chunk[j + 1]]
-            count += 1
-    return float(np.exp(nll / count))
-
-
 @pytest.mark.real
 @pytest.mark.parametrize("model_id", MODELS)
 def test_perplexity_within_1_percent(real_model, model_id):
@@ -92,6 +63,7 @@ def test_perplexity_within_1_percent(real_model, model_id):
     text = (REFERENCE / rec["file"]).read_text(encoding="utf-8")
     tokens = m.tokenize(text, special=False)
     assert len(tokens) >= rec["n_ctx"] * rec["chunks"]
+    assert tokens[0] == m.tokenizer.bos_id or not m.tokenizer.add_bos
     ppl = perplexity(m, tokens, rec["n_ctx"], rec["chunks"])
     rel = abs(ppl - rec["ppl"]) / rec["ppl"]
     print(f"\n{model_id}: perplexity {ppl:.4f} vs llama.cpp {rec['ppl']:.4f} ({rel:.2%})")

@@ -280,7 +280,7 @@ def test_full_queue_answers_503_and_sigterm_drains(model_files, tmp_path):
 
 @pytest.mark.real
 def test_real_model_chat_and_invariance(tmp_path):
-    from conftest import real_model_path
+    from helpers import real_model_path
     path = real_model_path("smollm2-135m-instruct-q4_1")
     s = Server(["-m", str(path), "-np", "4", "-c", "512", "--draft", "prompt-lookup"],
                tmp_path / "log")

@@ -16,30 +16,19 @@ from hypothesis import strategies as st
 
 import specdec.speculative as speculative
 from fakes import PAIR_FACTORIES, RELATIONS, FakeSession, PathRng, enumerate_outcomes
+from helpers import ListTrace, factories, sampling_params, target_law
 from specdec.drafters import ModelDrafter
 from specdec.errors import SpecdecError
 from specdec.generate import generate_plain
-from specdec.sampling import GREEDY, NumpyRandom, SamplerParams, probs
+from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
 from specdec.speculative import generate_speculative
 from specdec.trace import JsonlTrace, StepRecord, read_trace
 from specdec.verify import DraftProbabilityError, VerifyResult, alphas, overlap, residual, verify
 
-factories = pytest.mark.parametrize("factory", list(PAIR_FACTORIES.values()), ids=list(PAIR_FACTORIES))
 # the same, with every factory but the first marked slow (sampling-heavy tests)
 factories_slow_tail = pytest.mark.parametrize("factory", [
     pytest.param(f, id=name, marks=[pytest.mark.slow] if i else [])
     for i, (name, f) in enumerate(PAIR_FACTORIES.items())])
-
-
-class ListTrace:
-    def __init__(self, check=None):
-        self.records: list[StepRecord] = []
-        self.check = check
-
-    def write(self, record: StepRecord) -> None:
-        self.records.append(record)
-        if self.check:
-            self.check(record)
 
 
 class AlwaysReject:
@@ -168,32 +157,6 @@ def test_greedy_equal_when_context_fills(factory):
 
 
 # ---- (c) the exact output law -----------------------------------------------------------------
-
-def target_law(session, prompt, n_predict, params, eog):
-    """{(ids, stop_reason): probability} of sampling the target alone, from its logits."""
-    law: dict = {}
-
-    def rec(prefix, pr):
-        if len(prefix) == n_predict:
-            law[(tuple(prefix), "n_predict")] = law.get((tuple(prefix), "n_predict"), 0.0) + pr
-            return
-        session.reset()
-        p = probs(session.eval(list(prompt) + prefix)[-1], params)       # (V,)
-        for y in np.flatnonzero(p):
-            if int(y) in eog:
-                key = (tuple(prefix), "eog")
-                law[key] = law.get(key, 0.0) + pr * p[y]
-            else:
-                rec(prefix + [int(y)], pr * p[y])
-    rec([], 1.0)
-    return law
-
-
-sampling_params = st.builds(
-    SamplerParams, temperature=st.floats(0.7, 1.5),
-    top_k=st.sampled_from([0, 0, 2, 3]), top_p=st.sampled_from([1.0, 1.0, 0.7, 0.9]),
-    min_p=st.sampled_from([0.0, 0.0, 0.05, 0.2]))
-
 
 @factories
 @settings(max_examples=150, deadline=None)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import REFERENCE
+from helpers import REFERENCE
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct-q4_k_m", "qwen2.5-coder-0.5b-instruct"
 PROMPTS = [json.loads(l)["prompt"] for l in open(REFERENCE / "llamacpp.jsonl", encoding="utf-8")

@@ -19,23 +19,20 @@ them.  So out[m, n] is bitwise the float32 dot of the dequantized row with x[m] 
 dot32_lanes' order, whatever M is (float_act.py runs more rows in passes of MAX_FUSED_M, and
 Q2_K / Q3_K, which have no decoder here, through a dequantized row buffer and dot32_lanes).
 Each thread walks its contiguous rows front to back and prefetches PREFETCH_BYTES ahead: the
-decode is compute-heavy enough that, without it, the weights' memory latency went unhidden
-(gemma3 decode step 24 -> 15-17 ms with it).
+decode is compute-heavy enough that, without it, the weights' memory latency goes unhidden
+(docs/architecture.md, "Tuned constants", has the measurements behind both constants).
 """
 from __future__ import annotations
 
-import gguf
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kquants_simd import _f16_to_f32, _k4_scales, _prefetch, have_f16c, switch_static
-
-I8, I16, I32, I64 = (ir.IntType(b) for b in (8, 16, 32, 64))
-F32 = ir.FloatType()
-V16I8, V16I32, V16F32 = ir.VectorType(I8, 16), ir.VectorType(I32, 16), ir.VectorType(F32, 16)
-_T = gguf.GGMLQuantizationType
+from .formats import FORMATS, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from .ir import (F32, I8, I16, I32, I64, V16F32, V16I8, V16I32, f16_to_f32, have_f16c, prefetch,
+                 splat, switch_static)
+from .kquants_ir import k4_scales
 
 
 class _Row:
@@ -67,7 +64,7 @@ class _Row:
 
     def half(self, off):
         """The fp16 at ``off`` -> float (exact)."""
-        return _f16_to_f32(self.b, self.b.load(self.ptr(off), typ=I16, align=1), self.f16c)
+        return f16_to_f32(self.b, self.b.load(self.ptr(off), typ=I16, align=1), self.f16c)
 
     def u8(self, off):
         return self.b.zext(self.b.load(self.ptr(off), typ=I8, align=1), I32)
@@ -79,8 +76,7 @@ class _Row:
         return self.b.load(self.ptr(off), typ=I32, align=1)
 
     def splat(self, v, n: int = 16):
-        vec = self.b.insert_element(ir.Constant(ir.VectorType(v.type, n), None), v, I32(0))
-        return self.b.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(I32, n), [0] * n))
+        return splat(self.b, v, n)
 
     def bits(self, v, shift: int, mask: int):
         """(v >> shift) & mask, lane by lane."""
@@ -145,7 +141,7 @@ def _q45_k(five: bool):
         b = r.b
         d, dmin = r.half(o), r.half(r.at(o, 2))
         qs = 48 if five else 16
-        scs, mns = _k4_scales(b, r.ptr(o), 4)    # get_scale_min_k4: sub-block j in lane 2j
+        scs, mns = k4_scales(b, r.ptr(o), 4)    # get_scale_min_k4: sub-block j in lane 2j
         for j in range(8):
             sc, mn = (b.extract_element(v, I32(2 * j)) for v in (scs, mns))
             dl = r.splat(b.fmul(d, b.sitofp(sc, F32)))
@@ -183,21 +179,14 @@ def _fold32(builder, lo, hi):
     return builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3]))
 
 
-# (values per block, bytes per block, block decoder)
-FORMATS = {
-    int(_T.Q4_0): (32, 18, _legacy("q4_0")), int(_T.Q4_1): (32, 20, _legacy("q4_1")),
-    int(_T.Q5_0): (32, 22, _legacy("q5_0")), int(_T.Q5_1): (32, 24, _legacy("q5_1")),
-    int(_T.Q8_0): (32, 34, _legacy("q8_0")),
-    int(_T.Q4_K): (256, 144, _q45_k(False)), int(_T.Q5_K): (256, 176, _q45_k(True)),
-    int(_T.Q6_K): (256, 210, _q6_k),
+DECODERS = {                 # qtype -> block decoder (sizes in formats.FORMATS)
+    Q4_0: _legacy("q4_0"), Q4_1: _legacy("q4_1"), Q5_0: _legacy("q5_0"), Q5_1: _legacy("q5_1"),
+    Q8_0: _legacy("q8_0"), Q4_K: _q45_k(False), Q5_K: _q45_k(True), Q6_K: _q6_k,
 }
 
 
-MAX_FUSED_M = 8         # activation rows per pass: their 32 lanes (2 vectors each) stay in
-#                         registers; 17 rows spill (gemma3 64-token prompt: passes of 17 rows
-#                         226-236 ms, of 12 188-199, of 8 176-185, of 4 203)
-PREFETCH_BYTES = 2048   # how far ahead in its rows' byte stream each block prefetches (gemma3
-#                         decode step: none 24 ms, 512 B 21 ms, 1-4 KB 15-17 ms, 8 KB 17 ms)
+MAX_FUSED_M = 8         # activation rows per pass: their 32 lanes (2 vectors each) stay in registers
+PREFETCH_BYTES = 2048   # how far ahead in its rows' byte stream each block prefetches
 
 
 def make_rows_dot(qtype: int, f16c: bool | None = None):
@@ -205,7 +194,7 @@ def make_rows_dot(qtype: int, f16c: bool | None = None):
     of w, dequantized, with x[m] (32 lanes, legacy.dot32_lanes' order and fold: bitwise what
     dequant_row + dot32_lanes give), for the rows n of chunk c of n_chunks and all
     M <= MAX_FUSED_M rows of x (float32 (M, K)); nothing is written to memory but out."""
-    qk, nbytes, block = FORMATS[qtype]
+    qk, nbytes, block = FORMATS[qtype].block_size, FORMATS[qtype].type_size, DECODERS[qtype]
     f16c = have_f16c() if f16c is None else f16c
 
     def rows_dot(typingctx, w, x, out, c, n_chunks):
@@ -234,7 +223,7 @@ def make_rows_dot(qtype: int, f16c: bool | None = None):
                         i = loop.index
                         o = builder.mul(i, I64(nbytes))
                         for line in range(0, nbytes, 64):    # the stream ahead (next rows too)
-                            _prefetch(builder, r.ptr(builder.add(o, I64(PREFETCH_BYTES + line))))
+                            prefetch(builder, r.ptr(builder.add(o, I64(PREFETCH_BYTES + line))))
                         block(r, o, builder.mul(i, I64(qk)))
                     for m, (a0, a1) in enumerate(accs):
                         o = builder.gep(oa.data, [builder.add(builder.mul(I64(m), N), n)], source_etype=F32)
@@ -243,11 +232,11 @@ def make_rows_dot(qtype: int, f16c: bool | None = None):
             return context.get_dummy_value()
         return sig, codegen
 
-    rows_dot.__name__ = f"rows_dot_{_T(qtype).name.lower()}"
+    rows_dot.__name__ = f"rows_dot_{FORMATS[qtype].name.lower()}"
     return intrinsic(rows_dot)
 
 
-ROWS_DOT = {qt: make_rows_dot(qt) for qt in FORMATS}
+ROWS_DOT = {qt: make_rows_dot(qt) for qt in DECODERS}
 
 
 # ------------------------------------------------------------------------------ drivers
@@ -256,7 +245,7 @@ ROWS_DOT = {qt: make_rows_dot(qt) for qt in FORMATS}
 # global constant of its driver), in this file so that an edit of the IR invalidates them.
 
 _dot_q4_0, _dot_q4_1, _dot_q5_0, _dot_q5_1, _dot_q8_0, _dot_q4_k, _dot_q5_k, _dot_q6_k = (
-    ROWS_DOT[int(t)] for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K))
+    ROWS_DOT[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K))
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -307,7 +296,6 @@ def matmul_dot_q6_k(w, x, out, n_chunks):
         _dot_q6_k(w, x, out, c, n_chunks)
 
 
-MATMUL_DOT = {int(_T.Q4_0): matmul_dot_q4_0, int(_T.Q4_1): matmul_dot_q4_1,
-              int(_T.Q5_0): matmul_dot_q5_0, int(_T.Q5_1): matmul_dot_q5_1,
-              int(_T.Q8_0): matmul_dot_q8_0, int(_T.Q4_K): matmul_dot_q4_k,
-              int(_T.Q5_K): matmul_dot_q5_k, int(_T.Q6_K): matmul_dot_q6_k}
+MATMUL_DOT = {Q4_0: matmul_dot_q4_0, Q4_1: matmul_dot_q4_1, Q5_0: matmul_dot_q5_0,
+              Q5_1: matmul_dot_q5_1, Q8_0: matmul_dot_q8_0, Q4_K: matmul_dot_q4_k,
+              Q5_K: matmul_dot_q5_k, Q6_K: matmul_dot_q6_k}

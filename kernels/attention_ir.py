@@ -27,17 +27,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kquants_simd import F32, I64, V16F32, _fma, _splat_f32, switch_static
+from .ir import F32, I64, V16F32, fma_f32, fma_v16f32, splat_v16f32, switch_static
 
 KV_BLOCK = 32        # positions per transposed block of the key cache (a multiple of W)
 G_MAX = 8            # heads per work item: 2 · G_MAX accumulators (of 32) stay in registers
 W = 16               # floats per vector
-
-
-def _fma_f32(builder, a, b, c):
-    """Scalar a·b + c rounded once (the lane operation of _fma)."""
-    fn = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
-    return builder.call(fn, [a, b, c])
 
 
 def _at(builder, base, idx):
@@ -119,10 +113,10 @@ def _emit_scores(builder, qp, kp, sp, Dh, H, NB, KB, ns, m, h0, g, kvh, j0, n):
                 iKB = builder.mul(i.index, KB)
                 kv = [_vload(builder, kp, builder.add(kb[b], iKB)) for b in range(nb)]
                 for r, row in enumerate(accs):
-                    qi = _splat_f32(builder, _sload(builder, qp, _mul_add(
+                    qi = splat_v16f32(builder, _sload(builder, qp, _mul_add(
                         builder, (qrow, None), (I64(r), Dh), (i.index, None))))
                     for b, a in enumerate(row):
-                        builder.store(_fma(builder, qi, kv[b], builder.load(a)), a)
+                        builder.store(fma_v16f32(builder, qi, kv[b], builder.load(a)), a)
             for r, row in enumerate(accs):
                 for b, a in enumerate(row):
                     _vstore(builder, builder.load(a), sp, _mul_add(
@@ -136,7 +130,7 @@ def _emit_scores(builder, qp, kp, sp, Dh, H, NB, KB, ns, m, h0, g, kvh, j0, n):
                 for r, a in enumerate(accs):
                     qi = _sload(builder, qp, _mul_add(builder, (qrow, None), (I64(r), Dh),
                                                       (i.index, None)))
-                    builder.store(_fma_f32(builder, qi, kv, builder.load(a)), a)
+                    builder.store(fma_f32(builder, qi, kv, builder.load(a)), a)
             for r, a in enumerate(accs):
                 builder.store(builder.load(a), _at(builder, sp, _mul_add(
                     builder, (I64(r), ns), (builder.sub(t, j0), None))))
@@ -156,10 +150,10 @@ def _emit_values(builder, sp, vp, op, Dh, H, n_ctx, ns, m, h0, g, kvh, j0, n):
                 vbase = _mul_add(builder, (t.index, Dh), (vrow, None), (d0, None))
                 vv = [_vload(builder, vp, builder.add(vbase, I64(W * b))) for b in range(nb)]
                 for r, row in enumerate(accs):
-                    w = _splat_f32(builder, _sload(builder, sp, _mul_add(
+                    w = splat_v16f32(builder, _sload(builder, sp, _mul_add(
                         builder, (I64(r), ns), (t.index, None))))
                     for b, a in enumerate(row):
-                        builder.store(_fma(builder, w, vv[b], builder.load(a)), a)
+                        builder.store(fma_v16f32(builder, w, vv[b], builder.load(a)), a)
             for r, row in enumerate(accs):
                 for b, a in enumerate(row):
                     _vstore(builder, builder.load(a), op,
@@ -171,7 +165,7 @@ def _emit_values(builder, sp, vp, op, Dh, H, n_ctx, ns, m, h0, g, kvh, j0, n):
                 vv = _sload(builder, vp, _mul_add(builder, (t.index, Dh), (vrow, None), (d, None)))
                 for r, a in enumerate(accs):
                     w = _sload(builder, sp, _mul_add(builder, (I64(r), ns), (t.index, None)))
-                    builder.store(_fma_f32(builder, w, vv, builder.load(a)), a)
+                    builder.store(fma_f32(builder, w, vv, builder.load(a)), a)
             for r, a in enumerate(accs):
                 builder.store(builder.load(a), _at(builder, op, _mul_add(
                     builder, (orow, None), (I64(r), Dh), (d, None))))

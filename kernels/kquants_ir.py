@@ -35,109 +35,37 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import gguf
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils, config
-from numba.core.codegen import get_host_cpu_features
+from numba.core import cgutils
 from numba.extending import intrinsic
 
-QK_K = 256
+from .formats import FORMATS, KQUANTS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
+from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, const_vector, dpbusd_bytes,
+                 f16_to_f32, fma_v16f32, have_f16c, have_vnni512, load_bytes, prefetch, shuffle,
+                 splat_v16f32, switch_static)
+
 PREFETCH_BLOCKS = 8  # rows of a static-M pass prefetch this many super-blocks ahead
 PASS_ROWS = 64  # M > MAX_STATIC_M: weight rows per pass (~55-320 KB of them stay in L2 while ...
 PASS_M = 8      # ... each group of PASS_M activation rows runs the static path over them)
 MAX_STATIC_M = 17  # up to this many activation rows (draft-n 16 + 1), one kernel path per M keeps them in registers
 
-I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-F32 = ir.FloatType()
-V64I8, V16I32, V16F32 = ir.VectorType(I8, 64), ir.VectorType(I32, 16), ir.VectorType(F32, 16)
 LANES = range(16)
 
 
-def _features() -> set[str]:
-    """The target features Numba compiles for (as numba.core.codegen chooses them)."""
-    feats = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
-    return set(feats.split(","))
-
-
-def have_vnni() -> bool:
-    """AVX-512 VNNI (vpdpbusd on zmm) available to the compiled code."""
-    return {"+avx512f", "+avx512bw", "+avx512vnni"} <= _features()
-
-
-def have_f16c() -> bool:
-    return "+f16c" in _features()
-
-
 # ---------------------------------------------------------------------------- IR helpers
-
-def _vec(ty: ir.Type, values) -> ir.Constant:
-    """Constant vector from a list."""
-    return ir.Constant(ir.VectorType(ty, len(values)), list(values))
-
 
 def _splat_i32(value: int) -> ir.Constant:
     return ir.Constant(V16I32, value)
 
 
-def _load(builder, base, byte_off: int, ty: ir.Type):
-    """Unaligned load of ``ty`` at ``base + byte_off`` (base: i8 pointer)."""
-    return builder.load(builder.gep(base, [I64(byte_off)], source_etype=I8), typ=ty, align=1)
-
-
-def _shuffle(builder, v, mask):
-    """Lanes ``mask`` of v (a constant permutation / gather within one vector)."""
-    return builder.shuffle_vector(v, ir.Constant(v.type, None), _vec(I32, mask))
-
-
 def _lanes(builder, words, index, shift, mask: int):
     """(words[index[L]] >> shift[L]) & mask for the 16 lanes: a dword gather (vpermd /
     vpermt2d), a per-lane shift (vpsrlvd) and a byte-wise mask."""
-    v = _shuffle(builder, words, index)
+    v = shuffle(builder, words, index)
     if any(shift):
-        v = builder.lshr(v, _vec(I32, shift))
+        v = builder.lshr(v, const_vector(I32, shift))
     return builder.and_(v, _splat_i32(mask))
-
-
-def _f16_to_f32(builder, h16, f16c: bool):
-    """IEEE half bits (i16) -> float, exact (GGML_FP16_TO_FP32; numpy's float16 -> float32)."""
-    if f16c:
-        return builder.fpext(builder.bitcast(h16, ir.HalfType()), F32)
-    h = builder.zext(h16, I32)
-    em = builder.shl(builder.and_(h, I32(0x7FFF)), I32(13))
-    # exponent/mantissa moved into a float32 and rescaled by 2^112: exact for normals and
-    # subnormals; the all-ones exponent (inf / nan) is patched to 0xFF.
-    scaled = builder.bitcast(builder.fmul(builder.bitcast(em, F32), F32(2.0 ** 112)), I32)
-    is_special = builder.icmp_unsigned("==", builder.and_(h, I32(0x7C00)), I32(0x7C00))
-    bits = builder.select(is_special, builder.or_(em, I32(0x7F800000)), scaled)
-    sign = builder.shl(builder.and_(h, I32(0x8000)), I32(16))
-    return builder.bitcast(builder.or_(bits, sign), F32)
-
-
-def _dpbusd(builder, vnni: bool, acc, a_u8, b_i8):
-    """acc + (<64 x u8> · <64 x i8> summed by 4 per lane) -> <16 x i32>, exact (no
-    saturation).  ggml: _mm512_dpbusd_epi32 / mul_sum_us8_pairs."""
-    if vnni:
-        fn = builder.module.declare_intrinsic(
-            "llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(V16I32, [V16I32] * 3))
-        return builder.call(fn, [acc, builder.bitcast(a_u8, V16I32), builder.bitcast(b_i8, V16I32)])
-    vt = ir.VectorType(I32, 64)
-    prod = builder.mul(builder.zext(a_u8, vt), builder.sext(b_i8, vt))
-    parts = [_shuffle(builder, prod, [4 * i + k for i in LANES]) for k in range(4)]
-    return builder.add(acc, builder.add(builder.add(parts[0], parts[1]),
-                                        builder.add(parts[2], parts[3])))
-
-
-def _fma(builder, a, b, c):
-    """a·b + c rounded once (llvm.fma: vfmadd on x86, the same value on any target)."""
-    fn = builder.module.declare_intrinsic("llvm.fma.v16f32",
-                                          fnty=ir.FunctionType(V16F32, [V16F32] * 3))
-    return builder.call(fn, [a, b, c])
-
-
-def _splat_f32(builder, f):
-    v = builder.insert_element(ir.Constant(V16F32, None), f, I32(0))
-    return _shuffle(builder, v, [0] * 16)
 
 
 # ------------------------------------------------------------------------ block decoders
@@ -152,27 +80,27 @@ class Decoded(NamedTuple):
 def _decoded(builder, u, sc, d, mn=None, dmin=None, off: int = 0) -> Decoded:
     """Decoded from the codes u, the integer scales sc (and mins mn) as <16 x i32> lanes and
     the float super-block scales d (and dmin); every product here is exact."""
-    scd = builder.fmul(builder.sitofp(sc, V16F32), _splat_f32(builder, d))
+    scd = builder.fmul(builder.sitofp(sc, V16F32), splat_v16f32(builder, d))
     if mn is not None:
-        bias = builder.fmul(builder.sitofp(mn, V16F32), _splat_f32(builder, builder.fneg(dmin)))
+        bias = builder.fmul(builder.sitofp(mn, V16F32), splat_v16f32(builder, builder.fneg(dmin)))
     else:
         bias = builder.fmul(scd, ir.Constant(V16F32, float(-off)))
     return Decoded(u, scd, bias)
 
 
-def _k4_scales(builder, p, off: int):
+def k4_scales(builder, p, off: int):
     """12-byte 6-bit scale / min packing of Q4_K and Q5_K (get_scale_min_k4) -> lanes
     (sc, mn) of <16 x i32>, sub-block j's values in lanes 2j and 2j+1."""
     V4 = ir.VectorType(I8, 4)
-    a, b, c = (_load(builder, p, off + 4 * i, V4) for i in range(3))
+    a, b, c = (load_bytes(builder, p, off + 4 * i, V4) for i in range(3))
     cst = {v: ir.Constant(V4, v) for v in (2, 4, 15, 0x30, 63)}
     sc_lo, mn_lo = builder.and_(a, cst[63]), builder.and_(b, cst[63])
     sc_hi = builder.or_(builder.and_(c, cst[15]), builder.and_(builder.lshr(a, cst[2]), cst[0x30]))
     mn_hi = builder.or_(builder.lshr(c, cst[4]), builder.and_(builder.lshr(b, cst[2]), cst[0x30]))
 
     def lanes(lo, hi):
-        both = builder.shuffle_vector(lo, hi, _vec(I32, range(8)))    # sub-blocks 0 … 7
-        return _shuffle(builder, builder.zext(both, ir.VectorType(I32, 8)), [L // 2 for L in LANES])
+        both = builder.shuffle_vector(lo, hi, const_vector(I32, range(8)))    # sub-blocks 0 … 7
+        return shuffle(builder, builder.zext(both, ir.VectorType(I32, 8)), [L // 2 for L in LANES])
     return lanes(sc_lo, sc_hi), lanes(mn_lo, mn_hi)
 
 
@@ -180,20 +108,20 @@ def _decode_q4_k(builder, p, f16c):
     """block_q4_K (144 B): d, dmin (f16), scales[12], qs[128] (dequantize_row_q4_K).
     Sub-block j = lanes 2j, 2j+1; its value l is nibble j%2 of qs[32(j//2) + l].
     u ≤ 15, sc, mn ≤ 63: |dot| ≤ 16·15·127 < 2^15."""
-    qs = _load(builder, p, 16, ir.VectorType(I32, 32))
+    qs = load_bytes(builder, p, 16, ir.VectorType(I32, 32))
     u = [_lanes(builder, qs, [8 * (L // 4) + 4 * (L % 2) + k for L in LANES],
                 [4 * ((L // 2) % 2) for L in LANES], 0x0F0F0F0F) for k in range(4)]
-    sc, mn = _k4_scales(builder, p, 4)
-    d = _f16_to_f32(builder, _load(builder, p, 0, I16), f16c)
-    dmin = _f16_to_f32(builder, _load(builder, p, 2, I16), f16c)
+    sc, mn = k4_scales(builder, p, 4)
+    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
+    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
     return _decoded(builder, u, sc, d, mn, dmin)
 
 
 def _decode_q5_k(builder, p, f16c):
     """block_q5_K (176 B): d, dmin, scales[12], qh[32], qs[128] (dequantize_row_q5_K).
     As Q4_K plus 16 · bit j of qh[l].  u ≤ 31: |dot| ≤ 16·31·127 < 2^16."""
-    qs = _load(builder, p, 48, ir.VectorType(I32, 32))
-    qh = _load(builder, p, 16, ir.VectorType(I32, 8))
+    qs = load_bytes(builder, p, 48, ir.VectorType(I32, 32))
+    qh = load_bytes(builder, p, 16, ir.VectorType(I32, 8))
     u = []
     for k in range(4):
         lo = _lanes(builder, qs, [8 * (L // 4) + 4 * (L % 2) + k for L in LANES],
@@ -201,9 +129,9 @@ def _decode_q5_k(builder, p, f16c):
         hi = _lanes(builder, qh, [4 * (L % 2) + k for L in LANES], [L // 2 for L in LANES],
                     0x01010101)
         u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
-    sc, mn = _k4_scales(builder, p, 4)
-    d = _f16_to_f32(builder, _load(builder, p, 0, I16), f16c)
-    dmin = _f16_to_f32(builder, _load(builder, p, 2, I16), f16c)
+    sc, mn = k4_scales(builder, p, 4)
+    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
+    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
     return _decoded(builder, u, sc, d, mn, dmin)
 
 
@@ -216,8 +144,8 @@ def _decode_q6_k(builder, p, f16c):
     """block_q6_K (210 B): ql[128], qh[64], scales[16] int8, d (dequantize_row_q6_K).
     Value 128h + 32s + l: nibble s//2 of ql[64h + 32(s%2) + l] | bits 2s of qh[32h + l] << 4,
     q = u − 32, u ≤ 63: |dot| ≤ 16·63·127 < 2^17."""
-    ql = _load(builder, p, 0, ir.VectorType(I32, 32))
-    qh = _load(builder, p, 128, V16I32)
+    ql = load_bytes(builder, p, 0, ir.VectorType(I32, 32))
+    qh = load_bytes(builder, p, 128, V16I32)
     u = []
     for k in range(4):
         hsl = [_hsl(L) for L in LANES]
@@ -226,8 +154,8 @@ def _decode_q6_k(builder, p, f16c):
         hi = _lanes(builder, qh, [8 * h + 4 * t + k for h, s, t in hsl], [2 * s for h, s, t in hsl],
                     0x03030303)
         u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
-    sc = builder.sext(_load(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
-    d = _f16_to_f32(builder, _load(builder, p, 208, I16), f16c)
+    sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
+    d = f16_to_f32(builder, load_bytes(builder, p, 208, I16), f16c)
     return _decoded(builder, u, sc, d, off=32)
 
 
@@ -242,8 +170,8 @@ def _decode_q3_k(builder, p, f16c):
     """block_q3_K (110 B): hmask[32], qs[64], scales[12] (6-bit, −32), d (dequantize_row_q3_K).
     q = low − 4 unless bit 4h+s of hmask[l] is set: u = low | hbit << 2 = q + 4.
     u ≤ 7: |dot| ≤ 16·7·127 < 2^14."""
-    qs = _load(builder, p, 32, V16I32)
-    hm = _load(builder, p, 0, ir.VectorType(I32, 8))
+    qs = load_bytes(builder, p, 32, V16I32)
+    hm = load_bytes(builder, p, 0, ir.VectorType(I32, 8))
     u = []
     for k in range(4):
         hsl = [_hsl(L) for L in LANES]
@@ -252,38 +180,34 @@ def _decode_q3_k(builder, p, f16c):
         u.append(builder.or_(_crumbs(builder, qs, k), builder.shl(hb, _splat_i32(2))))
     # scale L: low nibble of byte L%8 (shifted by 4·(L//8)) | 2 bits of byte 8 + L%4 << 4
     V16 = ir.VectorType(I8, 16)
-    lo8 = _load(builder, p, 96, ir.VectorType(I8, 8))
-    lo = builder.and_(builder.lshr(_shuffle(builder, lo8, [L % 8 for L in LANES]),
-                                   _vec(I8, [4 * (L // 8) for L in LANES])), ir.Constant(V16, 15))
-    hi4 = _load(builder, p, 104, ir.VectorType(I8, 4))
-    hi = builder.and_(builder.lshr(_shuffle(builder, hi4, [L % 4 for L in LANES]),
-                                   _vec(I8, [2 * (L // 4) for L in LANES])), ir.Constant(V16, 3))
+    lo8 = load_bytes(builder, p, 96, ir.VectorType(I8, 8))
+    lo = builder.and_(builder.lshr(shuffle(builder, lo8, [L % 8 for L in LANES]),
+                                   const_vector(I8, [4 * (L // 8) for L in LANES])), ir.Constant(V16, 15))
+    hi4 = load_bytes(builder, p, 104, ir.VectorType(I8, 4))
+    hi = builder.and_(builder.lshr(shuffle(builder, hi4, [L % 4 for L in LANES]),
+                                   const_vector(I8, [2 * (L // 4) for L in LANES])), ir.Constant(V16, 3))
     sc6 = builder.or_(lo, builder.shl(hi, ir.Constant(V16, 4)))
     sc = builder.sub(builder.zext(sc6, V16I32), _splat_i32(32))
-    d = _f16_to_f32(builder, _load(builder, p, 108, I16), f16c)
+    d = f16_to_f32(builder, load_bytes(builder, p, 108, I16), f16c)
     return _decoded(builder, u, sc, d, off=4)
 
 
 def _decode_q2_k(builder, p, f16c):
     """block_q2_K (84 B): scales[16] (scale | min << 4), qs[64], d, dmin (dequantize_row_q2_K).
     u ≤ 3, sc, mn ≤ 15: |dot| ≤ 16·3·127 < 2^13."""
-    qs = _load(builder, p, 16, V16I32)
+    qs = load_bytes(builder, p, 16, V16I32)
     u = [_crumbs(builder, qs, k) for k in range(4)]
-    sm = _load(builder, p, 0, ir.VectorType(I8, 16))
+    sm = load_bytes(builder, p, 0, ir.VectorType(I8, 16))
     sc = builder.zext(builder.and_(sm, ir.Constant(sm.type, 15)), V16I32)
     mn = builder.zext(builder.lshr(sm, ir.Constant(sm.type, 4)), V16I32)
-    d = _f16_to_f32(builder, _load(builder, p, 80, I16), f16c)
-    dmin = _f16_to_f32(builder, _load(builder, p, 82, I16), f16c)
+    d = f16_to_f32(builder, load_bytes(builder, p, 80, I16), f16c)
+    dmin = f16_to_f32(builder, load_bytes(builder, p, 82, I16), f16c)
     return _decoded(builder, u, sc, d, mn, dmin)
 
 
-_T = gguf.GGMLQuantizationType
-DECODERS: dict[int, tuple[Callable, int]] = {   # qtype -> (decoder, block bytes)
-    int(_T.Q2_K): (_decode_q2_k, 84),
-    int(_T.Q3_K): (_decode_q3_k, 110),
-    int(_T.Q4_K): (_decode_q4_k, 144),
-    int(_T.Q5_K): (_decode_q5_k, 176),
-    int(_T.Q6_K): (_decode_q6_k, 210),
+DECODERS: dict[int, Callable] = {           # qtype -> super-block decoder
+    Q2_K: _decode_q2_k, Q3_K: _decode_q3_k, Q4_K: _decode_q4_k, Q5_K: _decode_q5_k,
+    Q6_K: _decode_q6_k,
 }
 
 
@@ -296,41 +220,19 @@ def _emit_update(builder, dec: Decoded, u8, vnni: bool, x, m, b, acc):
     for k in range(4):
         xv = builder.load(builder.gep(x.q, [builder.add(builder.mul(row, I64(QK_K)), I64(64 * k))],
                                       source_etype=I8), typ=V64I8, align=1)
-        dot = _dpbusd(builder, vnni, dot, u8[k], xv)
-    dx = _splat_f32(builder, builder.load(builder.gep(x.d, [row], source_etype=F32)))
+        dot = dpbusd_bytes(builder, vnni, dot, u8[k], xv)
+    dx = splat_v16f32(builder, builder.load(builder.gep(x.d, [row], source_etype=F32)))
     bsd = builder.load(builder.gep(x.bs, [builder.mul(row, I64(16))], source_etype=F32),
                        typ=V16F32, align=4)
-    acc = _fma(builder, builder.sitofp(dot, V16F32), builder.fmul(dec.scd, dx), acc)
-    return _fma(builder, dec.bias, bsd, acc)
-
-
-def switch_static(builder, value, n_max: int, body, name: str) -> None:
-    """body(k) on a code path of its own for each value k = 1 … n_max of the i64 `value` (a
-    switch; other values do nothing): k is a Python int there, so accumulators sized by it
-    can live in registers."""
-    end = builder.append_basic_block(f"{name}_end")
-    sw = builder.switch(value, end)
-    for k in range(1, n_max + 1):
-        bb = builder.append_basic_block(f"{name}{k}")
-        sw.add_case(I64(k), bb)
-        builder.position_at_end(bb)
-        body(k)
-        builder.branch(end)
-    builder.position_at_end(end)
-
-
-def _prefetch(builder, p):
-    """Read prefetch of the cache line at p into all cache levels (prefetcht0)."""
-    fn = builder.module.declare_intrinsic(
-        "llvm.prefetch.p0", fnty=ir.FunctionType(ir.VoidType(), [p.type, I32, I32, I32]))
-    builder.call(fn, [p, I32(0), I32(3), I32(1)])
+    acc = fma_v16f32(builder, builder.sitofp(dot, V16F32), builder.fmul(dec.scd, dx), acc)
+    return fma_v16f32(builder, dec.bias, bsd, acc)
 
 
 def _lane_sum(builder, v):
     """Σ of the 16 lanes in a fixed pairwise order: (l, l+8), (l, l+4), (l, l+2), (l, l+1)."""
     for half in (8, 4, 2, 1):
-        v = builder.fadd(_shuffle(builder, v, range(half)),
-                         _shuffle(builder, v, range(half, 2 * half)))
+        v = builder.fadd(shuffle(builder, v, range(half)),
+                         shuffle(builder, v, range(half, 2 * half)))
     return builder.extract_element(v, I32(0))
 
 
@@ -362,11 +264,11 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x:
     lo = builder.sdiv(builder.mul(c, N), n_chunks)
     hi = builder.sdiv(builder.mul(builder.add(c, I64(1)), N), n_chunks)
 
-    def decoded(n, b, prefetch=0):
+    def decoded(n, b, ahead=0):
         off = builder.add(builder.mul(n, row_bytes), builder.mul(b, I64(block_bytes)))
         p = builder.gep(wp, [off], source_etype=I8)
-        for line in range(0, block_bytes + 64, 64) if prefetch else ():
-            _prefetch(builder, builder.gep(p, [I64(prefetch + line)], source_etype=I8))
+        for line in range(0, block_bytes + 64, 64) if ahead else ():
+            prefetch(builder, builder.gep(p, [I64(ahead + line)], source_etype=I8))
         dec = decode(builder, p)
         return dec, [builder.bitcast(v, V64I8) for v in dec.u]
 
@@ -407,8 +309,8 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
     rows n of chunk c (see _emit_chunk).
     ``vnni`` / ``f16c`` pick the instruction path (default: what the target has); every path
     computes the same values."""
-    decoder, block_bytes = DECODERS[qtype]
-    vnni = have_vnni() if vnni is None else vnni
+    decoder, block_bytes = DECODERS[qtype], FORMATS[qtype].type_size
+    vnni = have_vnni512() if vnni is None else vnni
     f16c = have_f16c() if f16c is None else f16c
 
     def decode(builder, p):
@@ -431,7 +333,7 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
             return context.get_dummy_value()
         return sig, codegen
 
-    kernel.__name__ = f"chunk_{_T(qtype).name.lower()}"
+    kernel.__name__ = f"chunk_{FORMATS[qtype].name.lower()}"
     return intrinsic(kernel)
 
 
@@ -449,7 +351,7 @@ def make_load_f16(f16c: bool | None = None):
                       for v, t in zip(args[1:], signature.args[1:]))
             row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
             p = builder.gep(wa.data, [builder.add(builder.mul(n_, row_bytes), o_)], source_etype=I8)
-            return _f16_to_f32(builder, builder.load(p, typ=I16, align=1), f16c)
+            return f16_to_f32(builder, builder.load(p, typ=I16, align=1), f16c)
         return sig, codegen
 
     return intrinsic(load_f16)
@@ -457,7 +359,7 @@ def make_load_f16(f16c: bool | None = None):
 
 load_f16 = make_load_f16()
 _chunk_q2_k, _chunk_q3_k, _chunk_q4_k, _chunk_q5_k, _chunk_q6_k = (
-    make_chunk_kernel(int(t)) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
+    make_chunk_kernel(qt) for qt in KQUANTS)
 
 
 # ------------------------------------------------------------------------------ drivers
@@ -496,5 +398,5 @@ def matmul_q6_k(w, xq, xd, xbs, out, n_chunks):
         _chunk_q6_k(w, xq, xd, xbs, out, c, n_chunks)
 
 
-MATMUL_Q8K = {int(_T.Q2_K): matmul_q2_k, int(_T.Q3_K): matmul_q3_k, int(_T.Q4_K): matmul_q4_k,
-              int(_T.Q5_K): matmul_q5_k, int(_T.Q6_K): matmul_q6_k}
+MATMUL_Q8K = {Q2_K: matmul_q2_k, Q3_K: matmul_q3_k, Q4_K: matmul_q4_k, Q5_K: matmul_q5_k,
+              Q6_K: matmul_q6_k}

@@ -1,0 +1,203 @@
+"""LLVM IR building blocks shared by the ``*_ir.py`` kernels (llvmlite code for Numba intrinsics).
+
+Types, vector constants, loads and stores, shuffles and splats, the exact fp16 -> float32
+conversion, prefetch, fused multiply-add, ``vpdpbusd`` (with a portable fallback),
+``switch_static``, and what the target CPU offers.  Each helper emits exactly the
+instructions its docstring names, in that order, so a kernel written with them is the code
+its author wrote.  ``builder`` is always an ``llvmlite.ir.IRBuilder``.
+
+Numba's on-disk cache keys a compiled function on its own source file only: the drivers in
+the ``*_ir.py`` files are recompiled when their file changes, not when this one does.  After
+editing this file, clear the caches (the ``__pycache__`` folders of kernels/, or the folder
+``NUMBA_CACHE_DIR`` names).
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils, config
+from numba.core.codegen import get_host_cpu_features
+
+# ------------------------------------------------------------------------------ types
+
+I1, I8, I16, I32, I64 = (ir.IntType(bits) for bits in (1, 8, 16, 32, 64))
+F16, F32 = ir.HalfType(), ir.FloatType()
+
+
+def vector_type(ty: ir.Type, n: int) -> ir.VectorType:
+    """<n x ty>."""
+    return ir.VectorType(ty, n)
+
+
+V8I16, V8I32, V8F32 = vector_type(I16, 8), vector_type(I32, 8), vector_type(F32, 8)
+V16I8, V16I32, V16F32 = vector_type(I8, 16), vector_type(I32, 16), vector_type(F32, 16)
+V32I8, V32I32, V64I8 = vector_type(I8, 32), vector_type(I32, 32), vector_type(I8, 64)
+
+
+def const_vector(ty: ir.Type, values) -> ir.Constant:
+    """Constant <len(values) x ty> holding values."""
+    values = list(values)
+    return ir.Constant(vector_type(ty, len(values)), values)
+
+
+# ------------------------------------------------------------------------ the target
+
+def cpu_features() -> set[str]:
+    """The target features Numba compiles for (as numba.core.codegen chooses them), "+avx2"…"""
+    feats = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    return set(feats.split(","))
+
+
+def have_vnni256() -> bool:
+    """256-bit ``vpdpbusd`` on ymm (AVX-512 VNNI + VL) available to the compiled code."""
+    return {"+avx512vnni", "+avx512vl"} <= cpu_features()
+
+
+def have_vnni512() -> bool:
+    """512-bit ``vpdpbusd`` on zmm (AVX-512 F + BW + VNNI) available to the compiled code."""
+    return {"+avx512f", "+avx512bw", "+avx512vnni"} <= cpu_features()
+
+
+def have_f16c() -> bool:
+    """Hardware fp16 -> float32 conversion (vcvtph2ps)."""
+    return "+f16c" in cpu_features()
+
+
+# ------------------------------------------------------------------- memory access
+
+def load_at(builder, base, off, ty: ir.Type, align: int = 1):
+    """Load ``ty`` at element offset ``off`` (an i64 value) of the typed pointer ``base``
+    (gep, bitcast to ty*, load)."""
+    ptr = builder.bitcast(builder.gep(base, [off]), ty.as_pointer())
+    return builder.load(ptr, align=align)
+
+
+def store_at(builder, val, base, off, align: int = 1) -> None:
+    """Store ``val`` at element offset ``off`` of the typed pointer ``base``."""
+    ptr = builder.bitcast(builder.gep(base, [off]), val.type.as_pointer())
+    builder.store(val, ptr, align=align)
+
+
+def load_bytes(builder, p, byte_off: int, ty: ir.Type):
+    """Unaligned load of ``ty`` at the constant byte offset ``byte_off`` of the i8* ``p``."""
+    return builder.load(builder.gep(p, [I64(byte_off)], source_etype=I8), typ=ty, align=1)
+
+
+def prefetch(builder, p) -> None:
+    """Read prefetch of the cache line at the i8* p into all cache levels (prefetcht0)."""
+    fn = builder.module.declare_intrinsic(
+        "llvm.prefetch.p0", fnty=ir.FunctionType(ir.VoidType(), [p.type, I32, I32, I32]))
+    builder.call(fn, [p, I32(0), I32(3), I32(1)])
+
+
+# ------------------------------------------------------------------- lanes
+
+def shuffle(builder, v, mask):
+    """Lanes ``mask`` of v (a constant permutation / gather within one vector)."""
+    return builder.shuffle_vector(v, ir.Constant(v.type, None), const_vector(I32, mask))
+
+
+def shuffle2(builder, a, b, idx: list[int]):
+    """Lanes ``idx`` of the concatenation a ++ b."""
+    return builder.shuffle_vector(a, b, const_vector(I32, idx))
+
+
+def join(builder, a, b):
+    """<n x T> ++ <n x T> -> <2n x T>."""
+    n = a.type.count
+    return shuffle2(builder, a, b, list(range(2 * n)))
+
+
+def splat(builder, s, n: int):
+    """The scalar s in all n lanes (insertelement into lane 0, shufflevector of v with v)."""
+    v = builder.insert_element(ir.Constant(vector_type(s.type, n), None), s, I32(0))
+    return shuffle2(builder, v, v, [0] * n)
+
+
+def splat_v16f32(builder, f):
+    """The float f in all 16 lanes (insertelement into lane 0, shufflevector with undef)."""
+    v = builder.insert_element(ir.Constant(V16F32, None), f, I32(0))
+    return shuffle(builder, v, [0] * 16)
+
+
+# ------------------------------------------------------------------- arithmetic
+
+def f16_to_f32(builder, h16, f16c: bool):
+    """IEEE half bits (i16) -> float, exact (GGML_FP16_TO_FP32; numpy's float16 -> float32).
+    f16c: fpext of the half (vcvtph2ps); otherwise integer code for any target."""
+    if f16c:
+        return builder.fpext(builder.bitcast(h16, ir.HalfType()), F32)
+    h = builder.zext(h16, I32)
+    em = builder.shl(builder.and_(h, I32(0x7FFF)), I32(13))
+    # exponent/mantissa moved into a float32 and rescaled by 2^112: exact for normals and
+    # subnormals; the all-ones exponent (inf / nan) is patched to 0xFF.
+    scaled = builder.bitcast(builder.fmul(builder.bitcast(em, F32), F32(2.0 ** 112)), I32)
+    is_special = builder.icmp_unsigned("==", builder.and_(h, I32(0x7C00)), I32(0x7C00))
+    bits = builder.select(is_special, builder.or_(em, I32(0x7F800000)), scaled)
+    sign = builder.shl(builder.and_(h, I32(0x8000)), I32(16))
+    return builder.bitcast(builder.or_(bits, sign), F32)
+
+
+def fma_v16f32(builder, a, b, c):
+    """a·b + c on <16 x float>, rounded once (llvm.fma: vfmadd on x86, the same value on any
+    target)."""
+    fn = builder.module.declare_intrinsic("llvm.fma.v16f32",
+                                          fnty=ir.FunctionType(V16F32, [V16F32] * 3))
+    return builder.call(fn, [a, b, c])
+
+
+def fma_f32(builder, a, b, c):
+    """Scalar a·b + c rounded once (the lane operation of fma_v16f32)."""
+    fn = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
+    return builder.call(fn, [a, b, c])
+
+
+def dpbusd_words(builder, vnni: bool, acc, u, x):
+    """acc + per-lane sum of 4 products zext(u byte) · sext(x byte), all three <W x i32>,
+    W = 8 (ymm) or 16 (zmm).  vnni: one vpdpbusd; otherwise widen, multiply and add the
+    four products of each lane in order (the same integers: exact, no saturation)."""
+    width = acc.type.count
+    vt = vector_type(I32, width)
+    if vnni:
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vt, [vt] * 3),
+            f"llvm.x86.avx512.vpdpbusd.{32 * width}")
+        return builder.call(fn, [acc, u, x])
+    bytes_ = vector_type(I8, 4 * width)
+    p = builder.mul(builder.zext(builder.bitcast(u, bytes_), vector_type(I32, 4 * width)),
+                    builder.sext(builder.bitcast(x, bytes_), vector_type(I32, 4 * width)))
+    s = shuffle2(builder, p, p, list(range(0, 4 * width, 4)))
+    for i in (1, 2, 3):
+        s = builder.add(s, shuffle2(builder, p, p, list(range(i, 4 * width, 4))))
+    return builder.add(acc, s)
+
+
+def dpbusd_bytes(builder, vnni: bool, acc, a_u8, b_i8):
+    """acc (<16 x i32>) + (<64 x u8> a · <64 x i8> b summed by 4 per lane), exact (no
+    saturation).  ggml: _mm512_dpbusd_epi32 / mul_sum_us8_pairs.  Without vnni the four
+    products of a lane are added as (p0 + p1) + (p2 + p3)."""
+    if vnni:
+        fn = builder.module.declare_intrinsic(
+            "llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(V16I32, [V16I32] * 3))
+        return builder.call(fn, [acc, builder.bitcast(a_u8, V16I32), builder.bitcast(b_i8, V16I32)])
+    vt = vector_type(I32, 64)
+    prod = builder.mul(builder.zext(a_u8, vt), builder.sext(b_i8, vt))
+    parts = [shuffle(builder, prod, [4 * i + k for i in range(16)]) for k in range(4)]
+    return builder.add(acc, builder.add(builder.add(parts[0], parts[1]),
+                                        builder.add(parts[2], parts[3])))
+
+
+# ------------------------------------------------------------------- control flow
+
+def switch_static(builder, value, n_max: int, body, name: str) -> None:
+    """body(k) on a code path of its own for each value k = 1 … n_max of the i64 `value` (a
+    switch; other values do nothing): k is a Python int there, so accumulators sized by it
+    can live in registers."""
+    end = builder.append_basic_block(f"{name}_end")
+    sw = builder.switch(value, end)
+    for k in range(1, n_max + 1):
+        bb = builder.append_basic_block(f"{name}{k}")
+        sw.add_case(I64(k), bb)
+        builder.position_at_end(bb)
+        body(k)
+        builder.branch(end)
+    builder.position_at_end(end)
