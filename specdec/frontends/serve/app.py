@@ -32,7 +32,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.errors import SpecdecError
 from specdec.policies import DRAFT_N_MAX
-from specdec.request import DraftOptions
 from specdec.sampling import SamplerParams
 
 from .scheduler import Cancelled, Job, JobResult, QueueFull, Scheduler, ShuttingDown
