@@ -7,6 +7,7 @@
     specdec models
     specdec trace-report TRACE.jsonl [-o OUT.png]
     specdec bench [-m MODEL ...] [--pair TARGET:DRAFT ...] [-o DIR]
+    specdec serve -m TARGET [-md DRAFT] [--host 127.0.0.1] [--port 8080] [-np N] [-c CTX]
 
 Every user error is one line on stderr and exit code 2.  Generated text goes to stdout as it
 is produced; progress and the final summary go to stderr so stdout stays pipeable.
@@ -57,7 +58,8 @@ def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
+def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
+    """The model and sampling flags; with serve=False also the prompt and speculation ones."""
     g = p.add_argument_group("model")
     g.add_argument("-m", "--model", default=hub.DEFAULT_TARGET, metavar="FNAME",
                    help=f"target model: a GGUF path or a known id (default: {hub.DEFAULT_TARGET})")
@@ -92,6 +94,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                         "where mapped page-cache reads are slow; costs a copy and load time)")
     g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None, metavar="N",
                    help="accepted for llama-cli compatibility; specdec runs on the CPU")
+    if serve:
+        _add_sampling_flags(p, n_predict=-1)
+        return
     g = p.add_argument_group("prompt")
     g.add_argument("-p", "--prompt", default=None, metavar="PROMPT", help="prompt text (special tokens recognised)")
     g.add_argument("-f", "--file", default=None, metavar="FNAME", help="read the prompt from a file")
@@ -102,15 +107,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="use the prompt as is, without the model's chat template")
     g.add_argument("-cnv", "--conversation", action="store_true",
                    help="interactive chat after the prompt (as `specdec chat`)")
-    g = p.add_argument_group("sampling")
-    g.add_argument("-n", "--n-predict", type=int, default=128, metavar="N",
-                   help="tokens to generate, -1 = until end of generation or a full context (default: 128)")
-    g.add_argument("-s", "--seed", type=int, default=None, metavar="SEED", help="RNG seed, -1 = random (default: random)")
-    g.add_argument("--temp", type=float, default=0.0, metavar="N", help="temperature; 0 = greedy (default: 0)")
-    g.add_argument("--top-k", type=int, default=40, metavar="N", help="top-k sampling, 0 = off (default: 40)")
-    g.add_argument("--top-p", type=float, default=0.95, metavar="N", help="top-p sampling, 1.0 = off (default: 0.95)")
-    g.add_argument("--min-p", type=float, default=0.05, metavar="N", help="min-p sampling, 0.0 = off (default: 0.05)")
-    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation")
+    _add_sampling_flags(p)
     g = p.add_argument_group("speculation")
     g.add_argument("--compare", action="store_true",
                    help="also run the plain target-only request and report the speedup")
@@ -120,6 +117,36 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="colour accepted (green), corrected (red) and bonus (blue) tokens")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="also print acceptance by draft position and draft/verify times")
+
+
+def _add_sampling_flags(p: argparse.ArgumentParser, n_predict: int = 128) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("-n", "--n-predict", type=int, default=n_predict, metavar="N",
+                   help=f"tokens to generate, -1 = until end of generation or a full context (default: {n_predict})")
+    g.add_argument("-s", "--seed", type=int, default=None, metavar="SEED", help="RNG seed, -1 = random (default: random)")
+    g.add_argument("--temp", type=float, default=0.0, metavar="N", help="temperature; 0 = greedy (default: 0)")
+    g.add_argument("--top-k", type=int, default=40, metavar="N", help="top-k sampling, 0 = off (default: 40)")
+    g.add_argument("--top-p", type=float, default=0.95, metavar="N", help="top-p sampling, 1.0 = off (default: 0.95)")
+    g.add_argument("--min-p", type=float, default=0.05, metavar="N", help="min-p sampling, 0.0 = off (default: 0.05)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation")
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    _add_run_flags(p, serve=True)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
+    g.add_argument("-np", "--parallel", type=int, default=4, metavar="N",
+                   help="slots: requests decoded at once in one batch (default: 4)")
+    g.add_argument("--queue-size", type=int, default=64, metavar="N",
+                   help="requests that may wait for a slot; more get 503 (default: 64)")
+    g.add_argument("-a", "--alias", default=None, metavar="NAME",
+                   help="model name in the API (default: the -m argument)")
+    g.add_argument("--draft-caps", default=None, metavar="B:N,...",
+                   help="most tokens a greedy request drafting with a model drafts per step from "
+                        "batch size B up ('-': uncapped; default: 1:-,2:0, docs/serve.md)")
+    g.add_argument("--lookup-caps", default=None, metavar="B:N,...",
+                   help="the same for prompt lookup (default: 1:-,2:4,3:3,4:2,5:1,8:0)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Chat in the model's chat template, speculatively with -md.  Each turn\n"
                     "evaluates only its new tokens.  Ctrl-C stops an answer, Ctrl-D quits,\n"
                     "/clear starts afresh; -p gives the first turn."))
+    _add_serve_flags(sub.add_parser(
+        "serve", help="OpenAI-compatible HTTP server with continuous batching", formatter_class=fmt,
+        usage="specdec serve [-m MODEL] [-md DRAFT] [--host H] [--port P] [-np N] [-c CTX] [options]",
+        description="Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models,\n"
+                    "/health, /metrics) with speculative decoding and continuous batching; a\n"
+                    "request's tokens never depend on the load.  Flags follow llama-server;\n"
+                    "docs/serve.md describes the rest.  Ctrl-C / SIGTERM drain and exit."))
     p = sub.add_parser("trace-report", help="plot a speculative trace (--trace FILE.jsonl) as a PNG",
                        description="Acceptance by draft position, the distribution of p/q, tokens "
                                    "per step and predicted vs measured acceptance, as one PNG. "
@@ -316,6 +350,11 @@ def cmd_chat(a) -> int:
     return cmd_run(a)
 
 
+def cmd_serve(a) -> int:
+    from .frontends.serve.cli import serve
+    return serve(a, load=_load, draft_options=_draft_options, set_threads=_set_threads, log=_progress)
+
+
 def cmd_trace_report(a) -> int:
     from .report import trace_report
     out, s = trace_report(a.trace, a.output)
@@ -405,7 +444,8 @@ def main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
         return {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "pull": cmd_pull,
-                "models": cmd_models, "trace-report": cmd_trace_report, "bench": cmd_bench}[a.command](a)
+                "models": cmd_models, "trace-report": cmd_trace_report, "bench": cmd_bench,
+                "serve": cmd_serve}[a.command](a)
     except SpecdecError as e:
         print(f"specdec: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,1 @@
+"""Front-ends over the one request path (specdec.request)."""

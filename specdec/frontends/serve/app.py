@@ -1,0 +1,397 @@
+"""The HTTP face of `specdec serve`: FastAPI routes in the OpenAI wire format over a
+`Scheduler`, pydantic request models, and errors as OpenAI error bodies.
+
+    GET  /health                 {"status": "ok"}
+    GET  /v1/models              the served model (its ids)
+    POST /v1/completions         prompt -> text           (stream: server-sent events)
+    POST /v1/chat/completions    messages -> message      (the model's chat template)
+    GET  /metrics                Prometheus text (metrics.py)
+
+Every error is {"error": {"message", "type", "param", "code"}} with a 4xx status (bad input:
+400, unknown model or route: 404, a full queue or a draining server: 503 with Retry-After);
+never a traceback.  A streamed request whose client goes away is cancelled, which frees its
+slot at the scheduler's next step.  Besides OpenAI's fields, each response carries llama-
+server's `timings` (prompt / predicted counts, ms and tokens per second, draft_n,
+draft_n_accepted) and the request may set `draft` ('model', 'prompt-lookup', 'hybrid',
+'none'), `draft_n`, `top_k`, `min_p`, `ignore_eos`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Optional, Union
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specdec.errors import SpecdecError
+from specdec.policies import DRAFT_N_MAX
+from specdec.sampling import SamplerParams
+
+from .scheduler import Cancelled, Job, JobResult, QueueFull, Scheduler, ShuttingDown
+
+RETRY_AFTER_S = 1
+FINISH = {"eog": "stop", "stop": "stop", "n_predict": "length", "ctx_full": "length"}
+
+
+# -- request bodies --------------------------------------------------------------------------
+
+class _Common(BaseModel):
+    """Fields both endpoints take; unknown fields are ignored (OpenAI clients send many)."""
+    model_config = ConfigDict(extra="ignore")
+    model: Optional[str] = None
+    max_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    n_predict: Optional[int] = Field(None, ge=-1)          # llama-server's name (-1: unlimited)
+    temperature: Optional[float] = Field(None, ge=0.0)
+    top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    top_k: Optional[int] = Field(None, ge=0)
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stream: bool = False
+    stream_options: Optional[dict[str, Any]] = None
+    n: int = Field(1, ge=1, le=1)
+    ignore_eos: bool = False
+    draft: Optional[Literal["model", "prompt-lookup", "hybrid", "none"]] = None
+    draft_n: Optional[int] = Field(None, ge=1, le=DRAFT_N_MAX)
+    logprobs: Optional[Union[bool, int]] = None            # accepted; not computed (null)
+    n_probs: Optional[int] = None
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[int], list[str]]
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str = "text"
+    text: str = ""
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Union[str, list[_Part], None] = None
+
+
+class ChatRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param=None, code=None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def _error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status,
+                        headers=e.headers)
+
+
+# -- the app ---------------------------------------------------------------------------------
+
+@dataclass
+class ServeConfig:
+    """What the server serves and its per-request defaults (the command line's)."""
+    model_ids: tuple[str, ...]               # names a request's `model` may use; [0] is reported
+    params: SamplerParams = SamplerParams(temperature=0.0)
+    n_predict: int = -1
+    seed: int | None = None
+    draft_model: Any = None                  # the -md Model, for per-request draft='model'
+
+
+def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
+    """The FastAPI app over a running scheduler (closed, draining, at the app's shutdown)."""
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        await asyncio.to_thread(scheduler.close)
+
+    app = FastAPI(title="specdec serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    model = scheduler.model
+    created = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, e: ApiError):
+        return _error_response(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, e: RequestValidationError):
+        return _error_response(_validation_error(e.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request, e: StarletteHTTPException):
+        type_ = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return _error_response(ApiError(e.status_code, str(e.detail), type_))
+
+    @app.exception_handler(SpecdecError)
+    async def _specdec(request, e: SpecdecError):
+        return _error_response(ApiError(400, str(e)))
+
+    @app.exception_handler(Exception)
+    async def _internal(request, e: Exception):
+        return _error_response(ApiError(500, f"internal error: {type(e).__name__}", "server_error"))
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "slots_idle": len(scheduler.free), "slots_total": scheduler.n_parallel}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [
+            {"id": config.model_ids[0], "object": "model", "created": created, "owned_by": "specdec",
+             "meta": {"arch": model.config.arch, "n_vocab": model.config.n_vocab,
+                      "n_ctx_train": model.config.n_ctx_train, "n_ctx_slot": scheduler.n_ctx,
+                      "n_parallel": scheduler.n_parallel, "aliases": list(config.model_ids)}}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(scheduler.metrics.render(
+            scheduler.gauges(), {"model": scheduler.caps.table, "prompt-lookup": scheduler.caps.lookup}),
+                                 media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await _parse(request, CompletionRequest)
+        p = body.prompt
+        if isinstance(p, list) and p and isinstance(p[0], str):
+            if len(p) != 1:
+                raise ApiError(400, "prompt: one prompt per request", param="prompt")
+            p = p[0]
+        ids = model.tokenize(p) if isinstance(p, str) else [int(t) for t in p]
+        if any(not 0 <= t < model.config.n_vocab for t in ids):
+            raise ApiError(400, f"prompt: token ids must be in 0..{model.config.n_vocab - 1}", param="prompt")
+        return await _serve(body, ids, request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await _parse(request, ChatRequest)
+        msgs = [{"role": "system" if m.role == "developer" else m.role,
+                 "content": m.content if isinstance(m.content, str) else
+                 "".join(x.text for x in m.content or [] if x.type == "text")} for m in body.messages]
+        ids = model.tokenize(model.chat_prompt(msgs))
+        return await _serve(body, ids, request, chat=True)
+
+    def _job(body: _Common, ids: list[int]) -> Job:
+        if body.model is not None and body.model not in config.model_ids:
+            raise ApiError(404, f"the model {body.model!r} does not exist; this server serves "
+                                f"{config.model_ids[0]!r}", param="model", code="model_not_found")
+        if not ids:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        if len(ids) + 1 > scheduler.n_ctx:
+            raise ApiError(400, f"the prompt has {len(ids)} tokens; this server's context is "
+                                f"{scheduler.n_ctx} (--ctx-size) per request", param="prompt",
+                           code="context_length_exceeded")
+        d = config.params
+        params = SamplerParams(
+            temperature=d.temperature if body.temperature is None else body.temperature,
+            top_k=d.top_k if body.top_k is None else body.top_k,
+            top_p=d.top_p if body.top_p is None else body.top_p,
+            min_p=d.min_p if body.min_p is None else body.min_p)
+        draft = scheduler.draft
+        if body.draft is not None:
+            kind = None if body.draft == "none" else body.draft
+            if kind in ("model", "hybrid") and config.draft_model is None:
+                raise ApiError(400, f"draft {kind!r} needs a draft model: start the server with -md",
+                               param="draft")
+            draft = replace(draft, kind=kind, model=config.draft_model, drafter=None)
+        if body.draft_n is not None:
+            draft = replace(draft, n=body.draft_n)
+        n = next((x for x in (body.max_tokens, body.max_completion_tokens, body.n_predict)
+                  if x is not None), config.n_predict)
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        return Job(ids, n, params, draft, seed=config.seed if body.seed is None else body.seed,
+                   stop=stop, ignore_eos=body.ignore_eos)
+
+    async def _serve(body: _Common, ids: list[int], request: Request, chat: bool):
+        job = _job(body, ids)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        job.on_event = lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+        try:
+            scheduler.submit(job)
+        except (QueueFull, ShuttingDown) as e:
+            raise ApiError(503, str(e), "server_error", code="unavailable",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        shape = _Shape(rid, int(time.time()), config.model_ids[0], chat, job)
+        if body.stream:
+            usage_chunk = bool((body.stream_options or {}).get("include_usage"))
+            return StreamingResponse(_sse(job, events, shape, usage_chunk),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            while True:
+                try:
+                    kind, value = await asyncio.wait_for(events.get(), 0.25)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        job.cancel()
+                        return JSONResponse(error_body("client disconnected"), status_code=499)
+                    continue
+                if kind == "done":
+                    return shape.full(value)
+                if kind == "error":
+                    raise _as_api_error(value)
+        finally:
+            if not job.finished.is_set():
+                job.cancel()
+
+    return app
+
+
+async def _parse(request: Request, cls: type[BaseModel]) -> BaseModel:
+    """The JSON body as a cls (whatever the Content-Type, as llama-server: `curl -d` works)."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise _validation_error(e.errors()) from None
+
+
+def _validation_error(errs) -> ApiError:
+    first = errs[0] if errs else {}
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if first.get("type") == "json_invalid":
+        return ApiError(400, "the request body is not valid JSON")
+    param = ".".join(loc) or None
+    return ApiError(400, f"{param or 'body'}: {first.get('msg', 'invalid')}", param=param)
+
+
+def _as_api_error(e: Exception) -> ApiError:
+    if isinstance(e, Cancelled):
+        return ApiError(503, str(e), "server_error", code="cancelled",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(e, SpecdecError):
+        return ApiError(400, str(e))
+    return ApiError(500, f"internal error: {type(e).__name__}", "server_error")
+
+
+async def _sse(job: Job, events: asyncio.Queue, shape: "_Shape", usage_chunk: bool):
+    """The server-sent events of a streamed request; cancels the job if the client leaves."""
+    def data(obj) -> str:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    try:
+        if shape.chat:
+            yield data(shape.chunk("", role=True))
+        while True:
+            kind, value = await events.get()
+            if kind == "text":
+                yield data(shape.chunk(value))
+            elif kind == "done":
+                yield data(shape.last_chunk(value))
+                if usage_chunk:
+                    yield data({**shape.head(), "choices": [], "usage": _usage(value)})
+                break
+            else:
+                e = _as_api_error(value)
+                yield data(error_body(e.message, e.type, e.param, e.code))
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        if not job.finished.is_set():
+            job.cancel()
+
+
+def _usage(r: JobResult) -> dict:
+    return {"prompt_tokens": r.gen.n_prompt, "completion_tokens": len(r.ids),
+            "total_tokens": r.gen.n_prompt + len(r.ids)}
+
+
+def timings(r: JobResult) -> dict:
+    """llama-server's per-response `timings`, plus queue_ms and the draft figures."""
+    t, s = r.gen.timings, r.gen.stats
+    n = len(r.ids)
+    out = {"prompt_n": r.gen.n_prompt, "prompt_ms": t.prompt_s * 1e3,
+           "prompt_per_second": r.gen.n_prompt / t.prompt_s if t.prompt_s > 0 else 0.0,
+           "predicted_n": n, "predicted_ms": t.decode_s * 1e3,
+           "predicted_per_token_ms": t.decode_s * 1e3 / n if n else 0.0,
+           "predicted_per_second": t.tokens_per_s, "queue_ms": r.queue_s * 1e3,
+           "draft_n": s.n_drafted if s else 0, "draft_n_accepted": s.n_accepted if s else 0}
+    if s is not None:
+        out.update(draft_steps=s.n_steps, draft_acceptance=s.acceptance_rate,
+                   tokens_per_step=s.tokens_per_step)
+    return out
+
+
+@dataclass
+class _Shape:
+    """The OpenAI response objects of one request."""
+    id: str
+    created: int
+    model: str
+    chat: bool
+    job: Job
+
+    def head(self) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def chunk(self, text: str, role: bool = False, finish: str | None = None) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**self.head(), "choices": [choice]}
+
+    def last_chunk(self, r: JobResult) -> dict:
+        return {**self.chunk("", finish=FINISH.get(r.gen.stop_reason, "stop")),
+                "usage": _usage(r), "timings": timings(r)}
+
+    def full(self, r: JobResult) -> dict:
+        finish = FINISH.get(r.gen.stop_reason, "stop")
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": r.text},
+                      "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": _usage(r), "timings": timings(r)}
+
+
+def run_server(app: FastAPI, host: str, port: int, log=print) -> int:
+    """Serve until Ctrl-C / SIGTERM, then drain (uvicorn waits for open requests, the app's
+    shutdown for the scheduler) and return 0."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started:
+                log(f"specdec: serving on http://{host}:{port} (OpenAI API at http://{host}:{port}/v1)")
+
+        def handle_exit(self, sig, frame):
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()          # a drained shutdown is a clean exit
+
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                    timeout_graceful_shutdown=30))
+    server.run()
+    return 0 if server.started else 1

@@ -1,0 +1,48 @@
+"""`specdec serve`: the command line's parsed flags -> loaded models, a Scheduler, the app,
+uvicorn.  specdec/cli.py parses the flags and hands over here (imported lazily, so the other
+commands do not import FastAPI)."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from specdec.errors import ConfigError
+from specdec.sampling import SamplerParams
+
+
+def serve(a, *, load, draft_options, set_threads, log) -> int:
+    """Load -m (and -md), start the scheduler and serve until Ctrl-C / SIGTERM (then drain,
+    exit 0).  load / draft_options / set_threads / log: specdec.cli's helpers."""
+    from .app import ServeConfig, create_app, run_server
+    from .scheduler import DraftCaps, Scheduler
+    if not 0 <= a.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535, got {a.port}")
+    if a.n_predict < -1:
+        raise ConfigError(f"--n-predict must be >= -1, got {a.n_predict}")
+    if a.ctx_size < 0 or a.threads < 0:
+        raise ConfigError("--ctx-size and --threads must be >= 0")
+    params = SamplerParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
+    options = draft_options(a)
+    caps = DraftCaps.parse(a.draft_caps, a.lookup_caps)
+    if a.threads:
+        set_threads(a.threads)
+    target = load(a.model, a.ctx_size, a.activations, not a.no_mmap)
+    draft = load(a.draft_model, a.ctx_size, a.activations, not a.no_mmap) if a.draft_model else None
+    if draft is not None:                               # -md alone drafts with the model
+        from specdec.compat import check_compatible
+        check_compatible(target.tokenizer, draft.tokenizer, target.name, draft.name)
+        options = replace(options, kind=options.kind or "model", model=draft)
+    elif options.kind in ("model", "hybrid"):
+        raise ConfigError(f"--draft {options.kind} needs a draft model (-md)")
+    scheduler = Scheduler(target, n_parallel=a.parallel, n_ctx=a.ctx_size or None, draft=options,
+                          caps=caps, max_queue=a.queue_size)
+    ids = [a.alias] if a.alias else []
+    for name in (a.model, os.path.basename(target.path), os.path.splitext(target.name)[0]):
+        if name not in ids:
+            ids.append(name)
+    config = ServeConfig(tuple(ids), params, a.n_predict, None if a.seed in (None, -1) else a.seed,
+                         draft)
+    log(f"specdec: {a.parallel} slots of {scheduler.n_ctx} tokens, drafting: "
+        f"{options.kind or 'none'}" + (f" (n {options.n}, {options.policy})" if options.enabled else "")
+        + f"; greedy draft caps by batch size: model {caps.table}, prompt lookup {caps.lookup}")
+    return run_server(create_app(scheduler, config), a.host, a.port, log=log)

@@ -1,0 +1,424 @@
+"""Continuous batching for `specdec serve`: slots, a bounded queue and one background thread
+that runs every active request's pending target pass in one batched forward pass.
+
+Each request is the one request path, `request.Runner.steps`: a coroutine over target
+passes (interfaces.Eval).  The scheduler holds each active request's coroutine and the Eval
+it is waiting on.  One step:
+
+  1. drop cancelled requests (coroutine.close(), slot freed) and admit queued ones into free
+     slots (a Runner over the slot's own target session; its first Eval is the prompt);
+  2. run all pending Evals — prompts, single decode rows and verification rows of drafted
+     tokens alike — as one `model.eval_batch` call: the weights are read once for all;
+  3. send each coroutine its logits; it samples / verifies, drafts its next tokens (a draft
+     model runs inside the coroutine, per request) and yields its next Eval, or finishes.
+
+Every row's logits are the same bits whichever batch it is in (the kernels are row
+independent; model.eval_batch is bitwise each session's own eval), so a request's tokens
+never depend on the load, with one lever left: how much a request drafts.  Greedy output is
+the same for any draft length, so greedy requests draft at most `DraftCaps.cap(batch size)`
+tokens (a table chosen from measured step costs, docs/serve.md).  A sampled request's random
+draws depend on its draft lengths, so its drafting is never touched by load: a seeded
+sampled request gives the same tokens alone and under load.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from specdec import model as engine_model
+from specdec.drafters import PromptLookupDrafter
+from specdec.errors import ConfigError, SpecdecError
+from specdec.interfaces import Eval, GenerationResult
+from specdec.policies import DraftPolicy, StepFeedback
+from specdec.request import DraftOptions, Runner
+from specdec.sampling import SamplerParams
+from specdec.tokenizer import StreamDecoder
+
+from .metrics import Metrics
+
+
+class QueueFull(SpecdecError):
+    """Every slot is busy and the queue holds --queue-size requests (HTTP 503)."""
+
+
+class ShuttingDown(SpecdecError):
+    """The server is draining: no new requests (HTTP 503)."""
+
+
+# -- draft caps under load -------------------------------------------------------------------
+
+# From the measured cost of a target pass over M rows (README, "What verification costs":
+# qwen2.5-coder-1.5b 40.4 ms at M = 1, 46.6 / 55.3 / 68.3 / 80.9 / 100.6 ms at M = 2 / 4 / 6 /
+# 8 / 12) and of a qwen2.5-coder-0.5b draft token (17.7 ms, run per request, unbatched): a
+# step of B sequences drafting n each costs about t(B·(n+1)) + B·n·d and emits
+# B·(1 - a^(n+1)) / (1 - a); the caps maximise that for acceptance a = 0.6..0.8
+# (docs/serve.md, "Drafting under load").  batch size from -> most drafted tokens per greedy
+# step (None: the request's own policy, uncapped).
+DEFAULT_CAPS: dict[int, int | None] = {1: None, 2: 0}                       # a draft model
+DEFAULT_LOOKUP_CAPS: dict[int, int | None] = {1: None, 2: 4, 3: 3, 4: 2, 5: 1, 8: 0}   # free drafts
+
+
+class DraftCaps:
+    """batch size -> most tokens a greedy request drafts per step: the entry of the largest
+    batch size <= B (None: the request's own policy, uncapped).  One table for requests that
+    draft with a model (model, hybrid), one for prompt lookup, whose drafts cost ~nothing."""
+
+    def __init__(self, table: dict[int, int | None] | None = None,
+                 lookup: dict[int, int | None] | None = None):
+        self.table = self._norm(DEFAULT_CAPS if table is None else table)
+        self.lookup = self._norm(DEFAULT_LOOKUP_CAPS if lookup is None else lookup)
+
+    @staticmethod
+    def _norm(t: dict[int, int | None]) -> dict[int, int | None]:
+        return dict(sorted({1: None, **t}.items()))
+
+    @staticmethod
+    def parse_table(text: str, flag: str = "--draft-caps") -> dict[int, int | None]:
+        """'1:-,2:4,4:2,8:0' (B:cap pairs; '-' or -1: uncapped)."""
+        table: dict[int, int | None] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            b, sep, c = part.partition(":")
+            try:
+                bi = int(b)
+                ci = None if c.strip() in ("-", "-1") else int(c)
+            except ValueError:
+                bi, ci, sep = 0, 0, ""
+            if not sep or bi < 1 or (ci is not None and ci < 0):
+                raise ConfigError(f"{flag} takes B:N pairs like 1:-,2:4,4:0; got {part!r}")
+            table[bi] = ci
+        return table
+
+    @classmethod
+    def parse(cls, text: str | None, lookup: str | None = None) -> "DraftCaps":
+        return cls(None if text is None else cls.parse_table(text),
+                   None if lookup is None else cls.parse_table(lookup, "--lookup-caps"))
+
+    def cap(self, batch_size: int, lookup: bool = False) -> int | None:
+        c = None
+        for b, v in (self.lookup if lookup else self.table).items():
+            if b <= batch_size:
+                c = v
+        return c
+
+
+class LoadCappedPolicy(DraftPolicy):
+    """A greedy request's own policy, its next_n capped by the scheduler's current batch size
+    (greedy output does not depend on the draft length, so the tokens are unchanged)."""
+
+    def __init__(self, inner: DraftPolicy, cap: Callable[[], int | None], on_capped: Callable[[], None]):
+        self.inner, self.cap, self.on_capped = inner, cap, on_capped
+        self.n_max, self.p_min = inner.n_max, inner.p_min
+
+    def next_n(self) -> int:
+        n, c = self.inner.next_n(), self.cap()
+        if c is not None and n > c:
+            self.on_capped()
+            return c
+        return n
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def prepare(self, key: str | None) -> None:
+        self.inner.prepare(key)
+
+    def observe(self, fb: StepFeedback) -> None:
+        self.inner.observe(fb)
+
+
+# -- jobs ------------------------------------------------------------------------------------
+
+@dataclass
+class Job:
+    """One request as the scheduler runs it.  `on_event(kind, value)` is called from the
+    scheduler thread: ('text', str) deltas as they are final, then exactly one of
+    ('done', JobResult) or ('error', Exception)."""
+    prompt_ids: list[int]
+    n_predict: int                          # -1: until end of generation or a full context
+    params: SamplerParams
+    draft: DraftOptions = DraftOptions()
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    on_event: Callable[[str, object], None] | None = None
+    id: int = 0
+    submitted: float = field(default_factory=time.perf_counter)
+    started: float = 0.0                    # when it got a slot
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+    result: "JobResult | None" = None
+    error: Exception | None = None
+    text_parts: list[str] = field(default_factory=list)
+
+    def cancel(self) -> None:
+        """Ask the scheduler to stop this request and free its slot at its next step."""
+        self.cancelled.set()
+
+    def wait(self, timeout: float | None = None) -> "JobResult":
+        """Block until done (in-process callers and tests); raises the request's error."""
+        if not self.finished.wait(timeout):
+            raise TimeoutError("request still running")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@dataclass(frozen=True)
+class JobResult:
+    ids: list[int]
+    text: str
+    gen: GenerationResult
+    queue_s: float                          # time waiting for a slot
+
+
+class _TextTracker:
+    """Detokenizes incrementally and finds stop strings: `push(id)` returns the text that is
+    final (no stop string can still begin in it) and whether a stop string has appeared."""
+
+    def __init__(self, tokenizer, stop: Sequence[str]):
+        self.dec, self.stop = StreamDecoder(tokenizer), [s for s in stop if s]
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.text, self.sent, self.stopped = "", 0, False
+
+    def push(self, token: int) -> bool:
+        start = max(0, len(self.text) - self.hold)
+        self.text += self.dec.push(token)
+        for s in self.stop:
+            i = self.text.find(s, start)
+            if i >= 0:
+                self.text, self.stopped = self.text[:i], True
+        return self.stopped
+
+    def ready(self, final: bool = False) -> str:
+        if final and not self.stopped:
+            self.text += self.dec.flush()
+        upto = len(self.text) if final or self.stopped else max(self.sent, len(self.text) - self.hold)
+        out, self.sent = self.text[self.sent:upto], max(self.sent, upto)
+        return out
+
+
+@dataclass
+class _Active:
+    job: Job
+    slot: int
+    steps: object                           # the request's coroutine (interfaces.Steps)
+    pending: Eval
+    text: _TextTracker
+
+
+def run_evals(evals: Sequence[Eval]) -> list:
+    """Every Eval's logits, or the exception its own eval raised (one failing request fails
+    alone); the Evals over one model's weights (and n_logits) run as one model.eval_batch
+    pass.  eval_batch checks every sequence before it changes any cache, so a refused batch
+    is rerun eval by eval; an eval that succeeded is never run twice."""
+    batch = getattr(engine_model, "eval_batch", None)
+    out: list = [None] * len(evals)
+    groups: dict[tuple, list[int]] = {}
+    for i, ev in enumerate(evals):
+        w = getattr(ev.session, "weights", None)
+        key = (id(w), ev.session.n_logits) if w is not None and batch is not None else ("own", i)
+        groups.setdefault(key, []).append(i)
+    for idx in groups.values():
+        if len(idx) > 1:
+            try:
+                got = batch([evals[i].session for i in idx], [evals[i].tokens for i in idx],
+                            [evals[i].last_only for i in idx])
+                for i, lg in zip(idx, got):
+                    out[i] = lg
+                continue
+            except Exception:                           # noqa: BLE001 - find who fails, alone
+                pass
+        for i in idx:
+            try:
+                out[i] = evals[i].session.eval(evals[i].tokens, last_only=evals[i].last_only)
+            except Exception as e:                      # noqa: BLE001
+                out[i] = e
+    return out
+
+
+class Scheduler:
+    """Up to n_parallel requests at once over `model` (a specdec Model), each in a slot with
+    its own target session of n_ctx rows, allocated once; up to max_queue more wait.
+    `draft`: the server's default DraftOptions (a request may replace it)."""
+
+    def __init__(self, model, *, n_parallel: int = 4, n_ctx: int | None = None,
+                 draft: DraftOptions = DraftOptions(), caps: DraftCaps | None = None,
+                 max_queue: int = 64, metrics: Metrics | None = None):
+        if n_parallel < 1:
+            raise ConfigError(f"--parallel must be >= 1, got {n_parallel}")
+        if max_queue < 0:
+            raise ConfigError(f"--queue-size must be >= 0, got {max_queue}")
+        self.model, self.draft, self.caps = model, draft, caps or DraftCaps()
+        self.n_ctx = int(n_ctx or model.n_ctx)
+        self.n_parallel, self.max_queue = int(n_parallel), int(max_queue)
+        self.metrics = metrics or Metrics()
+        self.sessions = [model.session(self.n_ctx) for _ in range(self.n_parallel)]
+        self.free = list(range(self.n_parallel))
+        self.queue: deque[Job] = deque()
+        self.active: list[_Active] = []
+        self.batch_size = 0                 # sequences in the step being run (the caps read it)
+        self._cv = threading.Condition()
+        self._next_id = 0
+        self._closing = False
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- the HTTP side ---------------------------------------------------------------------
+    def submit(self, job: Job) -> Job:
+        with self._cv:
+            if self._closing:
+                self.metrics.request_done("rejected")
+                raise ShuttingDown("the server is shutting down")
+            if len(self.queue) >= self.max_queue and not self.free:
+                self.metrics.request_done("rejected")
+                raise QueueFull(f"all {self.n_parallel} slots are busy and {len(self.queue)} "
+                                f"requests are queued")
+            self._next_id += 1
+            job.id = self._next_id
+            self.queue.append(job)
+            self._cv.notify()
+        return job
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        with self._cv:
+            return {"queue_length": ("requests waiting for a slot", len(self.queue)),
+                    "slots_busy": ("slots running a request", len(self.active)),
+                    "slots_total": ("slots (--parallel)", self.n_parallel)}
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Drain: refuse new requests, let queued and active ones finish (up to timeout
+        seconds; the rest are cancelled), then stop the thread."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._cv:
+                if not self.queue and not self.active:
+                    break
+            time.sleep(0.01)
+        with self._cv:
+            for j in [*self.queue, *(a.job for a in self.active)]:
+                j.cancel()
+            self._stopped = True
+            self._cv.notify()
+        self._thread.join(timeout=10)
+
+    # -- the scheduler thread --------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopped and not self.queue and not self.active:
+                    self._cv.wait(0.5)
+                if self._stopped and not self.active and not self.queue:
+                    return
+                admit = []
+                while self.queue and self.free:
+                    admit.append((self.queue.popleft(), self.free.pop(0)))
+            for job, slot in admit:
+                self._start(job, slot)
+            for a in [a for a in self.active if a.job.cancelled.is_set()]:
+                a.steps.close()
+                self._finish(a, None, None, "cancelled")
+            if self.active:
+                self._step()
+
+    def _start(self, job: Job, slot: int) -> None:
+        job.started = time.perf_counter()
+        if job.cancelled.is_set():
+            return self._release(job, slot, None, None, "cancelled")
+        try:
+            runner = Runner(self.model, job.params, job.draft, seed=job.seed,
+                            ignore_eos=job.ignore_eos, n_ctx=self.n_ctx, session=self.sessions[slot])
+            if runner.policy is not None and job.params.greedy:
+                lookup = isinstance(runner.drafter, PromptLookupDrafter)
+                runner.policy = LoadCappedPolicy(
+                    runner.policy, lambda: self.caps.cap(self.batch_size, lookup), self._count_capped)
+            text = _TextTracker(self.model.tokenizer, job.stop)
+
+            def on_token(token: int, kind: str) -> bool:
+                stopped = text.push(token)
+                delta = text.ready()
+                if delta:
+                    job.text_parts.append(delta)
+                    self._emit(job, "text", delta)
+                return stopped
+
+            n_predict = job.n_predict if job.n_predict >= 0 else self.n_ctx
+            steps = runner.steps(job.prompt_ids, n_predict, on_token=on_token)
+            a = _Active(job, slot, steps, None, text)
+            try:
+                a.pending = next(steps)
+            except StopIteration as done:
+                return self._finish(a, done.value, None, "ok", active=False)
+        except Exception as e:                          # noqa: BLE001 - one request fails alone
+            return self._release(job, slot, None, e, "error")
+        self.active.append(a)
+
+    def _step(self) -> None:
+        batch = list(self.active)
+        self.batch_size = len(batch)
+        t0 = time.perf_counter()
+        evals = [a.pending for a in batch]
+        logits = run_evals(evals)
+        for a, lg in zip(batch, logits):
+            if isinstance(lg, Exception):
+                a.steps.close()
+                self._finish(a, None, lg, "error")
+                continue
+            try:
+                a.pending = a.steps.send(lg)
+            except StopIteration as done:
+                self._finish(a, done.value, None, "ok")
+            except Exception as e:                      # noqa: BLE001
+                self._finish(a, None, e, "error")
+        self.metrics.step_done(len(batch), sum(len(ev.tokens) for ev in evals),
+                               time.perf_counter() - t0)
+
+    def _count_capped(self) -> None:
+        with self.metrics.lock:
+            self.metrics.capped_steps += 1
+
+    def _finish(self, a: _Active, gen: GenerationResult | None, err: Exception | None,
+                status: str, active: bool = True) -> None:
+        if active:
+            self.active.remove(a)
+        if gen is not None:
+            tail = a.text.ready(final=True)
+            if tail:
+                a.job.text_parts.append(tail)
+                self._emit(a.job, "text", tail)
+        self._release(a.job, a.slot, gen, err, status)
+
+    def _release(self, job: Job, slot: int, gen: GenerationResult | None,
+                 err: Exception | None, status: str) -> None:
+        with self._cv:
+            self.free.append(slot)
+            self.free.sort()
+        if gen is not None:
+            s = gen.stats
+            self.metrics.request_done(status, gen.n_prompt, len(gen.ids),
+                                      s.n_drafted if s else 0, s.n_accepted if s else 0)
+            job.result = JobResult(list(gen.ids), "".join(job.text_parts), gen,
+                                   job.started - job.submitted)
+            self._emit(job, "done", job.result)
+        else:
+            self.metrics.request_done(status)
+            job.error = err if err is not None else Cancelled("the request was cancelled")
+            self._emit(job, "error", job.error)
+        job.finished.set()
+
+    def _emit(self, job: Job, kind: str, value) -> None:
+        if job.on_event is not None:
+            try:
+                job.on_event(kind, value)
+            except Exception:                           # noqa: BLE001 - a gone client is no fault
+                job.cancel()
+
+
+class Cancelled(SpecdecError):
+    """The client went away or the server stopped before the request finished."""

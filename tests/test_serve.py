@@ -1,0 +1,302 @@
+"""`specdec serve` as a real server process on 127.0.0.1, called through the official
+`openai` client and raw HTTP (httpx): the OpenAI wire format, streaming, batch invariance
+over HTTP, bad input as 4xx OpenAI error bodies, disconnects, a full queue, SIGTERM drain.
+Tiny synthetic models (tests/synth.py); the `real` tests use smollm2-135m."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from synth import TinySpec, write_tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = TinySpec(n_vocab=64, d_model=32, n_head=2, n_head_kv=1, d_ff=48, n_layer=2, seed=5,
+                n_ctx=256, logit_scale=3.0)
+START_TIMEOUT = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A `specdec serve` subprocess; killed at teardown whatever happens."""
+
+    def __init__(self, args: list[str], log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "specdec.cli", "serve", *args, "--port", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env, cwd=ROOT)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {log.read_text()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            self.stop()
+            raise RuntimeError(f"server did not start: {log.read_text()}")
+        assert "serving on http://127.0.0.1" in log.read_text()
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", timeout=60,
+                                    max_retries=0)
+
+    def post(self, path: str, body, **kw) -> httpx.Response:
+        content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+        return httpx.post(self.url + path, content=content, timeout=60, **kw)
+
+    def metrics(self) -> dict[str, float]:
+        out = {}
+        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve")
+    return (write_tiny_model(d / "target.gguf", SPEC),
+            write_tiny_model(d / "draft.gguf", replace(SPEC, n_layer=1)))
+
+
+@pytest.fixture(scope="module")
+def server(model_files, tmp_path_factory):
+    target, draft = model_files
+    s = Server(["-m", str(target), "-md", str(draft), "-np", "4", "-c", "256", "--draft-n", "4", "--draft-p", "0"],
+               tmp_path_factory.mktemp("log") / "server.log")
+    yield s
+    s.stop()
+
+
+def complete(s: Server, prompt: str, n: int, **extra) -> tuple[str, dict]:
+    body = {"prompt": prompt, "max_tokens": n, "ignore_eos": True, "temperature": 0, **extra}
+    r = s.post("/v1/completions", body)
+    assert r.status_code == 200, r.text
+    j = r.json()
+    return j["choices"][0]["text"], j
+
+
+def test_models_health_and_the_openai_client(server):
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    models = server.client.models.list()
+    name = models.data[0].id
+    out = server.client.completions.create(model=name, prompt="abcabc", max_tokens=8,
+                                           temperature=0, extra_body={"ignore_eos": True})
+    assert out.object == "text_completion" and out.usage.completion_tokens == 8
+    assert out.choices[0].finish_reason == "length" and len(out.choices[0].text) > 0
+    timings = out.model_extra["timings"]
+    assert {"prompt_n", "predicted_n", "predicted_per_second", "draft_n",
+            "draft_n_accepted"} <= set(timings)
+    chat = server.client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "abc"}], max_tokens=5)
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.usage.prompt_tokens > 3
+
+
+def test_streaming_matches_the_full_answer(server):
+    text, _ = complete(server, "abcdabcd", 12)
+    parts, finish = [], None
+    for ch in server.client.completions.create(model=server.client.models.list().data[0].id,
+                                               prompt="abcdabcd", max_tokens=12, temperature=0,
+                                               stream=True, extra_body={"ignore_eos": True}):
+        parts.append(ch.choices[0].text)
+        finish = ch.choices[0].finish_reason or finish
+    assert "".join(parts) == text and finish == "length"
+    chunks = list(server.client.chat.completions.create(
+        model=server.client.models.list().data[0].id, messages=[{"role": "user", "content": "ab"}],
+        max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 6
+    raw = server.post("/v1/completions", {"prompt": "ab", "max_tokens": 3, "stream": True})
+    assert raw.text.rstrip().endswith("data: [DONE]")
+
+
+@pytest.mark.parametrize("draft", ["none", "model", "prompt-lookup"])
+def test_greedy_identical_alone_and_with_concurrent_others(server, draft):
+    mine = dict(prompt="abcabcabcdd", n=20, draft=draft)
+    alone, j = complete(server, mine["prompt"], mine["n"], draft=draft)
+    if draft == "model":
+        assert j["timings"]["draft_n"] > 0
+    for k in (1, 3, 7):
+        others = [("xyzxyz" * (1 + i % 3), 4 + 3 * i, ["none", "model", "prompt-lookup"][i % 3],
+                   0.0 if i % 2 else 0.8) for i in range(k)]
+        with ThreadPoolExecutor(k + 1) as ex:
+            futs = [ex.submit(complete, server, p, n, draft=d, temperature=t, seed=i)
+                    for i, (p, n, d, t) in enumerate(others[: k // 2])]
+            me = ex.submit(complete, server, mine["prompt"], mine["n"], draft=draft)
+            futs += [ex.submit(complete, server, p, n, draft=d, temperature=t, seed=i)
+                     for i, (p, n, d, t) in enumerate(others[k // 2:])]
+            assert me.result(60)[0] == alone, f"{k} others"
+            for f in futs:
+                f.result(60)
+
+
+def test_seeded_sampled_identical_alone_and_under_load(server):
+    kw = dict(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=77, draft="model")
+    alone, _ = complete(server, "abcab", 24, **kw)
+    with ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(complete, server, "zzyzz" * (i + 1), 10 + 4 * i, seed=i) for i in range(3)]
+        me = ex.submit(complete, server, "abcab", 24, **kw)
+        assert me.result(60)[0] == alone
+        for f in futs:
+            f.result(60)
+
+
+def test_stop_strings_are_trimmed(server):
+    text, _ = complete(server, "abcdabcd", 20)
+    stop = text[4:6]
+    cut, j = complete(server, "abcdabcd", 20, stop=[stop])
+    assert cut == text[: text.find(stop)] and j["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("body,status,param", [
+    ("{not json", 400, None),
+    ('["a list"]', 400, None),
+    ({"prompt": "ab", "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": "ab", "max_tokens": "many"}, 400, "max_tokens"),
+    ({"prompt": "ab", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": "ab", "stream": {"x": 1}}, 400, "stream"),
+    ({"prompt": "ab", "stop": 5}, 400, None),
+    ({"prompt": "ab", "draft": "telepathy"}, 400, "draft"),
+    ({"prompt": "ab", "draft_n": 99}, 400, "draft_n"),
+    ({"prompt": "ab", "n": 2}, 400, "n"),
+    ({"prompt": "a" * 400}, 400, "prompt"),
+    ({"prompt": ""}, 400, "prompt"),
+    ({"prompt": [1, 2, 10**6]}, 400, "prompt"),
+    ({}, 400, "prompt"),
+    ({"prompt": "ab", "model": "gpt-4"}, 404, "model"),
+])
+def test_bad_input_is_a_4xx_openai_error(server, body, status, param):
+    r = server.post("/v1/completions", body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert "Traceback" not in r.text
+    if param is not None:
+        assert err["param"] == param
+
+
+def test_bad_chat_input_and_routes(server):
+    for body in ({"messages": []}, {"messages": [{"role": "wizard", "content": "x"}]},
+                 {"messages": "hello"}):
+        r = server.post("/v1/chat/completions", body)
+        assert r.status_code == 400 and "error" in r.json()
+    r = httpx.get(server.url + "/v1/nothing-here")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    with pytest.raises(openai.NotFoundError):
+        server.client.completions.create(model="gpt-4", prompt="ab", max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        server.client.completions.create(model=server.client.models.list().data[0].id,
+                                         prompt="ab", max_tokens=0)
+
+
+def test_disconnect_mid_stream_frees_the_slot(server):
+    before = server.metrics()
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=30,
+                      content=json.dumps({"prompt": "abc", "max_tokens": 240, "ignore_eos": True,
+                                          "stream": True})) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                break
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        m = server.metrics()
+        if (m['specdec_requests_total{status="cancelled"}'] >
+                before['specdec_requests_total{status="cancelled"}'] and m["specdec_slots_busy"] == 0):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the slot was not freed: {m}")
+    assert m["specdec_tokens_predicted_total"] - before["specdec_tokens_predicted_total"] < 240
+    assert complete(server, "ab", 3)[0]                       # the server goes on
+
+
+def test_metrics_in_prometheus_format(server):
+    complete(server, "abcabc", 6, draft="model")
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("specdec_requests_total", "specdec_tokens_predicted_total",
+                 "specdec_draft_acceptance_ratio", "specdec_queue_length", "specdec_batch_size",
+                 "specdec_draft_cap"):
+        assert f"# TYPE {name} " in text
+    m = server.metrics()
+    assert m['specdec_requests_total{status="ok"}'] >= 1 and m["specdec_draft_tokens_total"] > 0
+    assert m['specdec_draft_cap{drafter="model",batch_size="1"}'] == -1
+    assert m['specdec_draft_cap{drafter="prompt-lookup",batch_size="2"}'] == 4
+
+
+def test_full_queue_answers_503_and_sigterm_drains(model_files, tmp_path):
+    target, _ = model_files
+    s = Server(["-m", str(target), "-np", "1", "--queue-size", "0", "-c", "2048"], tmp_path / "log")
+    try:
+        got = {}
+
+        def long():
+            got["text"] = complete(s, "abc", 2000)[0]             # busy for seconds
+        t = threading.Thread(target=long)
+        t.start()
+        deadline = time.monotonic() + 20
+        while s.metrics()["specdec_slots_busy"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        r = s.post("/v1/completions", {"prompt": "ab", "max_tokens": 2})
+        assert r.status_code == 503 and r.headers["Retry-After"] and "error" in r.json()
+        with pytest.raises(openai.APIStatusError) as e:
+            s.client.completions.create(model=s.client.models.list().data[0].id, prompt="ab",
+                                        max_tokens=2)
+        assert e.value.status_code == 503
+        s.proc.send_signal(signal.SIGTERM)                    # drain: the open request finishes
+        t.join(60)
+        assert s.proc.wait(60) == 0
+        assert len(got.get("text", "")) > 0
+    finally:
+        s.stop()
+
+
+@pytest.mark.real
+def test_real_model_chat_and_invariance(tmp_path):
+    from helpers import real_model_path
+    path = real_model_path("smollm2-135m-instruct-q4_1")
+    s = Server(["-m", str(path), "-np", "4", "-c", "512", "--draft", "prompt-lookup"],
+               tmp_path / "log")
+    try:
+        name = s.client.models.list().data[0].id
+        ask = dict(model=name, messages=[{"role": "user", "content": "Name three colours."}],
+                   max_tokens=24, temperature=0)
+        alone = s.client.chat.completions.create(**ask).choices[0].message.content
+        assert alone.strip()
+        with ThreadPoolExecutor(4) as ex:
+            futs = [ex.submit(s.client.chat.completions.create, model=name, max_tokens=8 + 6 * i,
+                              messages=[{"role": "user", "content": "Count to %d." % (i + 3)}])
+                    for i in range(3)]
+            me = ex.submit(s.client.chat.completions.create, **ask)
+            assert me.result(120).choices[0].message.content == alone
+            for f in futs:
+                f.result(120)
+    finally:
+        s.stop()
