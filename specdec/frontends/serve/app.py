@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.errors import SpecdecError
-from specdec.policies import DRAFT_N_MAX
+from specdec.speculation.policies import DRAFT_N_MAX
 from specdec.sampling import SamplerParams
 
 from .scheduler import Cancelled, Job, JobResult, QueueFull, Scheduler, ShuttingDown

@@ -29,7 +29,7 @@ def serve(a, *, load, draft_options, set_threads, log) -> int:
     target = load(a.model, a.ctx_size, a.activations, not a.no_mmap)
     draft = load(a.draft_model, a.ctx_size, a.activations, not a.no_mmap) if a.draft_model else None
     if draft is not None:                               # -md alone drafts with the model
-        from specdec.compat import check_compatible
+        from specdec.speculation.compat import check_compatible
         check_compatible(target.tokenizer, draft.tokenizer, target.name, draft.name)
         options = replace(options, kind=options.kind or "model", model=draft)
     elif options.kind in ("model", "hybrid"):

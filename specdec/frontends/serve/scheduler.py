@@ -28,11 +28,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from specdec import model as engine_model
-from specdec.drafters import PromptLookupDrafter
+from specdec.model import eval_batch
+from specdec.speculation.drafters import PromptLookupDrafter
 from specdec.errors import ConfigError, SpecdecError
 from specdec.interfaces import Eval, GenerationResult
-from specdec.policies import DraftPolicy, StepFeedback
+from specdec.speculation.policies import DraftPolicy, StepFeedback
 from specdec.request import DraftOptions, Runner
 from specdec.sampling import SamplerParams
 from specdec.tokenizer import StreamDecoder
@@ -212,20 +212,17 @@ class _Active:
 def run_evals(evals: Sequence[Eval]) -> list:
     """Every Eval's logits, or the exception its own eval raised (one failing request fails
     alone); the Evals over one model's weights (and n_logits) run as one model.eval_batch
-    pass.  eval_batch checks every sequence before it changes any cache, so a refused batch
-    is rerun eval by eval; an eval that succeeded is never run twice."""
-    batch = getattr(engine_model, "eval_batch", None)
+    pass.  eval_batch changes no cache unless it succeeds, so a refused batch is rerun eval
+    by eval to find who fails; an eval that succeeded is never run twice."""
     out: list = [None] * len(evals)
     groups: dict[tuple, list[int]] = {}
     for i, ev in enumerate(evals):
-        w = getattr(ev.session, "weights", None)
-        key = (id(w), ev.session.n_logits) if w is not None and batch is not None else ("own", i)
-        groups.setdefault(key, []).append(i)
+        groups.setdefault((id(ev.session.weights), ev.session.n_logits), []).append(i)
     for idx in groups.values():
         if len(idx) > 1:
             try:
-                got = batch([evals[i].session for i in idx], [evals[i].tokens for i in idx],
-                            [evals[i].last_only for i in idx])
+                got = eval_batch([evals[i].session for i in idx], [evals[i].tokens for i in idx],
+                                 [evals[i].last_only for i in idx])
                 for i, lg in zip(idx, got):
                     out[i] = lg
                 continue
