@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 import specdec
-from specdec.model import eval_batch
+from specdec.engine.model import eval_batch
 from common import QWEN_DRAFT, QWEN_TARGET, machine_info, warm_up, write_json
 
 BS = (1, 2, 4, 8)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specdec.bench import machine_info, write_json   # shared with `specdec bench`
+from specdec.frontends.bench import machine_info, write_json   # shared with `specdec bench`
 
 __all__ = ["QWEN_TARGET", "QWEN_DRAFT", "PROMPTS_DIR", "machine_info", "write_json", "load_prompts",
            "warm_up", "forward_ms", "completion_row", "aggregate"]

@@ -6,7 +6,7 @@ a time; each the best of --repeats runs.  Reports tokens/s, weight bytes read pe
 token, achieved GB/s and its fraction of the measured memory bandwidth (bandwidth.json from
 benchmarks/bandwidth.py in the same --out folder, when present); decode.png plots ours
 beside llama.cpp's.  The measurement itself is
-specdec.bench.bench_decode, which `specdec bench` runs too.
+specdec.frontends.bench.bench_decode, which `specdec bench` runs too.
 
     python benchmarks/decode.py [--models id ...] [--out bench-results]
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specdec.bench import DECODE_MODELS, bench_decode, plot_decode
+from specdec.frontends.bench import DECODE_MODELS, bench_decode, plot_decode
 
 DEFAULT_MODELS = DECODE_MODELS
 

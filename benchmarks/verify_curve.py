@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit, prange
 
 import specdec
-import specdec.model as model_mod
+import specdec.engine.model as model_mod
 from specdec import llamacpp
 from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, machine_info, warm_up, write_json
 

@@ -37,11 +37,20 @@ def _checkout_kernels() -> None:
 
 _checkout_kernels()
 
+# The layers, bottom up: kernels/ (specdec.kernels) -> engine/ (reader, config, model, KV
+# cache) -> the request path (interfaces, sampling, generate, speculation/, request) -> api ->
+# frontends/ (cli, chat, serve, bench, report).  Users' names are re-exported here.
 from .api import Completion, Model, load  # noqa: E402
-from .chat import Conversation  # noqa: E402
 from .errors import (ConfigError, ContextOverflowError, GGUFError,  # noqa: E402
                      IncompatibleDraftError, SpecdecError, TokenizerError, UnsupportedModelError)
+from .frontends.chat import Conversation  # noqa: E402
+from .request import DraftOptions  # noqa: E402
+from .speculation.drafters import (Draft, Drafter, HybridDrafter, ModelDrafter,  # noqa: E402
+                                   PromptLookupDrafter)
+from .speculation.policies import AdaptiveLength, DraftPolicy, FixedLength, Threshold  # noqa: E402
 
-__all__ = ["load", "Model", "Completion", "Conversation", "SpecdecError", "GGUFError", "UnsupportedModelError",
+__all__ = ["load", "Model", "Completion", "Conversation", "DraftOptions", "Draft", "Drafter",
+           "ModelDrafter", "PromptLookupDrafter", "HybridDrafter", "DraftPolicy", "FixedLength",
+           "Threshold", "AdaptiveLength", "SpecdecError", "GGUFError", "UnsupportedModelError",
            "TokenizerError", "ContextOverflowError", "IncompatibleDraftError", "ConfigError"]
 __version__ = "0.1.0"

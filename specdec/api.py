@@ -13,11 +13,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import hub
-from .config import ModelConfig
+from .engine.config import ModelConfig
 from .speculation.drafters import Drafter
 from .errors import ConfigError, GGUFError
-from .gguf_file import GGUFFile
-from .model import ModelSession, Weights
+from .engine.gguf_file import GGUFFile
+from .engine.model import ModelSession, Weights
 from .speculation.policies import DraftPolicy
 from .request import Completion, DraftOptions, Runner
 from .sampling import SamplerParams

@@ -1,11 +1,11 @@
 """Test doubles: fake model sessions and random-number generators that enumerate branches.
 
-FakeSession follows the Session contract of specdec.model (eval / truncate / reset, n_past,
+FakeSession follows the Session contract of specdec.engine.model (eval / truncate / reset, n_past,
 n_ctx, n_vocab) with logits that are a fixed pseudo-random function of the last `window`
 tokens of the context: deterministic, context dependent, and bitwise identical whatever the
 batch size.  A pair factory returns (target, draft) sessions; tests parametrize over
 PAIR_FACTORIES: 'fake' (FakeSession) and 'synth' (tiny random-weight GGUF transformers of
-tests/synth.py, run by specdec.model); a new kind of model is one more entry with the same
+tests/synth.py, run by specdec.engine.model); a new kind of model is one more entry with the same
 signature.  As everywhere: p is the target's distribution, q the draft's.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 
 import specdec
 from specdec.errors import (ContextOverflowError, GGUFError, SpecdecError, UnsupportedModelError)
-from specdec.gguf_file import GGUFFile
+from specdec.engine.gguf_file import GGUFFile
 from synth import TinySpec, write_tiny_model
 
 
@@ -107,7 +107,7 @@ def test_prompt_longer_than_context(tiny_model):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "specdec.frontends.cli", *args], capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("make", ["missing", "not_gguf"])

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import specdec
 from specdec.errors import ContextOverflowError
-from specdec.model import eval_batch
+from specdec.engine.model import eval_batch
 from synth import TinySpec
 
 N_CTX = 64

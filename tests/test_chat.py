@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec.chat import CHATML, Conversation, chat_prompt, common_prefix, render
+from specdec.frontends.chat import CHATML, Conversation, chat_prompt, common_prefix, render
 from specdec.errors import ChatTemplateError, ConfigError
 from specdec.generate import generate_plain
 from specdec.sampling import GREEDY, NumpyRandom, SamplerParams

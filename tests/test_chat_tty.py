@@ -112,7 +112,7 @@ def _interrupt(term: Terminal, at: int) -> int:
 
 def test_chat_two_turns_and_ctrl_c(tmp_path):
     model, flags, (long_q, q1, q2) = _model(tmp_path)
-    term = Terminal(["-m", "specdec.cli", "chat", "-m", model, "-md", model, "--draft-n", "3", *flags])
+    term = Terminal(["-m", "specdec.frontends.cli", "chat", "-m", model, "-md", model, "--draft-n", "3", *flags])
     try:
         term.expect(b"chat ready")
         at = term.expect(b"> ").end()

@@ -32,7 +32,7 @@ def tiny(tmp_path_factory):
 
 
 def cli(*args, merge=False, stdin=None, env=None, timeout=240):
-    return subprocess.run([sys.executable, "-m", "specdec.cli", *map(str, args)], input=stdin,
+    return subprocess.run([sys.executable, "-m", "specdec.frontends.cli", *map(str, args)], input=stdin,
                           capture_output=not merge, stdout=subprocess.PIPE if merge else None,
                           stderr=subprocess.STDOUT if merge else None, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
@@ -172,7 +172,7 @@ def test_bench_scripts_write_where_asked(tmp_path, monkeypatch):
     folder (it used to land under benchmarks/), and replay is one of the scripts."""
     from pathlib import Path
 
-    from specdec import bench
+    from specdec.frontends import bench
     calls = []
 
     class Done:
@@ -188,7 +188,7 @@ def test_bench_scripts_write_where_asked(tmp_path, monkeypatch):
 
 
 def test_plots_without_matplotlib_are_one_line(tmp_path):
-    code = ("import sys; sys.modules['matplotlib'] = None; from specdec.cli import main; "
+    code = ("import sys; sys.modules['matplotlib'] = None; from specdec.frontends.cli import main; "
             f"sys.exit(main(['bench', '--no-speculative', '-m', 'x', '-o', {str(tmp_path)!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     one_line_error(r, "matplotlib", "specdec[bench]")

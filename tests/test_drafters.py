@@ -477,7 +477,7 @@ def test_api_generate_with_every_drafter_and_policy(tiny):
 
 
 def test_cli_draft_and_policy_flags(tiny, capsys):
-    from specdec import cli
+    from specdec.frontends import cli
     rc = cli.main(["run", "-m", tiny.path, "-p", "abcabcab", "-n", "8", "--ignore-eos", "--raw", "-v",
                    "--draft", "prompt-lookup", "--lookup-ngram-max", "2", "--draft-policy", "adaptive"])
     err = capsys.readouterr().err

@@ -103,7 +103,7 @@ def reference_forward(gf, cfg, tokens, *, window=None, global_base=None, softcap
 
 
 def _ours(m, cfg, tokens):
-    from specdec.model import ModelSession
+    from specdec.engine.model import ModelSession
     return ModelSession(cfg, m.weights, 64).eval(tokens).astype(np.float64)
 
 
@@ -209,10 +209,10 @@ GEMMA_TEMPLATE = (
 
 @pytest.mark.real
 def test_chat_template_gives_llamacpp_prompt_ids(real_model):
-    """A Gemma turn template rendered by specdec.chat (Jinja2) gives exactly the ids llama.cpp
+    """A Gemma turn template rendered by specdec.frontends.chat (Jinja2) gives exactly the ids llama.cpp
     was fed for the reference chat prompts: one BOS, <start_of_turn> / <end_of_turn> as the
     single special tokens 105 / 106."""
-    from specdec.chat import chat_prompt
+    from specdec.frontends.chat import chat_prompt
     m = real_model(GEMMA)
     assert m.tokenizer.chat_template is None
     tok = dataclasses.replace(m.tokenizer, chat_template=GEMMA_TEMPLATE)

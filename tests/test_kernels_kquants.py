@@ -266,7 +266,7 @@ def test_real_tensors_zero_copy():
     """qwen2.5-coder-1.5b Q4_K_M: matmul on read-only memmap rows within the bound,
     get_rows bit-exact, M=1 vs M=3 bitwise."""
 
-    from specdec.gguf_file import GGUFFile
+    from specdec.engine.gguf_file import GGUFFile
     g = GGUFFile(real_model_path("qwen2.5-coder-1.5b-instruct-q4_k_m"))
     rng = np.random.default_rng(0)
     for name in ("blk.0.ffn_gate.weight", "blk.0.ffn_down.weight", "output.weight",

@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as T
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec.config import ROPE_NEOX, ROPE_NORM
+from specdec.engine.config import ROPE_NEOX, ROPE_NORM
 from synth import TinySpec
 
 SPECS = [

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 import specdec
-from specdec import resources
+from specdec.engine import resources
 from specdec.errors import ConfigError, ContextOverflowError, ResourceError
-from specdec.kv_cache import KVCache
+from specdec.engine.kv_cache import KVCache
 from synth import TinySpec, write_tiny_model
 
 
@@ -61,7 +61,7 @@ def test_prompt_beyond_context(tiny_model):
 
 def test_cli_ctx_size_beyond_memory(tmp_path):
     p = write_tiny_model(tmp_path / "t.gguf")
-    r = subprocess.run([sys.executable, "-m", "specdec.cli", "run", "-m", str(p), "-p", "ab", "-n", "1",
+    r = subprocess.run([sys.executable, "-m", "specdec.frontends.cli", "run", "-m", str(p), "-p", "ab", "-n", "1",
                         "-c", str(10 ** 12)], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if "error" in ln]

@@ -43,7 +43,7 @@ class Server:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "specdec.cli", "serve", *args, "--port", str(self.port)],
+            [sys.executable, "-m", "specdec.frontends.cli", "serve", *args, "--port", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env, cwd=ROOT)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.errors import TokenizerError
-from specdec.gguf_file import GGUFFile
+from specdec.engine.gguf_file import GGUFFile
 from specdec.tokenizer import StreamDecoder, Tokenizer
 
 RECORDS = [json.loads(line) for line in (Path(__file__).parent / "data" / "reference" / "llamacpp.jsonl")

@@ -59,8 +59,8 @@ def test_hypothesis_header_edits(tiny_file, tmp_path_factory, data):
     """Hypothesis picks fields of the header / KV / tensor infos and the values written into
     them; parsing, the config and the tokenizer (pure Python, no kernel: safe in-process)
     either succeed or raise a one-line SpecdecError."""
-    from specdec.config import ModelConfig
-    from specdec.gguf_file import GGUFFile
+    from specdec.engine.config import ModelConfig
+    from specdec.engine.gguf_file import GGUFFile
     from specdec.tokenizer import Tokenizer
     buf = bytearray(tiny_file.read_bytes())
     lay = scan(bytes(buf))
@@ -105,7 +105,7 @@ def test_cli_on_mutants(tmp_path, tiny_file, kind):
     else:
         pytest.skip(f"no refused {kind} mutant in 50 tries")
     for args in (["info", str(p)], ["run", "-m", str(p), "-p", "hi", "-n", "1"]):
-        r = subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "specdec.frontends.cli", *args], capture_output=True, text=True)
         assert r.returncode == 2, (detail, r.stderr)
         lines = [ln for ln in r.stderr.splitlines() if "error" in ln]
         assert len(lines) == 1 and str(p) in lines[0], (detail, r.stderr)
@@ -114,8 +114,8 @@ def test_cli_on_mutants(tmp_path, tiny_file, kind):
 
 def specdec_load(p):
     """Load without running a kernel: the mutants picked here fail in parsing."""
-    from specdec.config import ModelConfig
-    from specdec.gguf_file import GGUFFile
+    from specdec.engine.config import ModelConfig
+    from specdec.engine.gguf_file import GGUFFile
     from specdec.tokenizer import Tokenizer
     gf = GGUFFile(p)
     ModelConfig.from_gguf(gf)

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.gguf_file import GGUFFile
+from specdec.engine.gguf_file import GGUFFile
 from specdec.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.real

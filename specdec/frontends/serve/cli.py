@@ -1,5 +1,5 @@
 """`specdec serve`: the command line's parsed flags -> loaded models, a Scheduler, the app,
-uvicorn.  specdec/cli.py parses the flags and hands over here (imported lazily, so the other
+uvicorn.  specdec/frontends/cli.py parses the flags and hands over here (imported lazily, so the other
 commands do not import FastAPI)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from specdec.sampling import SamplerParams
 
 def serve(a, *, load, draft_options, set_threads, log) -> int:
     """Load -m (and -md), start the scheduler and serve until Ctrl-C / SIGTERM (then drain,
-    exit 0).  load / draft_options / set_threads / log: specdec.cli's helpers."""
+    exit 0).  load / draft_options / set_threads / log: specdec.frontends.cli's helpers."""
     from .app import ServeConfig, create_app, run_server
     from .scheduler import DraftCaps, Scheduler
     if not 0 <= a.port <= 65535:

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from specdec.model import eval_batch
+from specdec.engine.model import eval_batch
 from specdec.speculation.drafters import PromptLookupDrafter
 from specdec.errors import ConfigError, SpecdecError
 from specdec.interfaces import Eval, GenerationResult

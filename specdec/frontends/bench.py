@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import llamacpp
+from .. import llamacpp
 
 # llama.cpp on this machine kind (2 cores, AVX-512), llama-bench -t 2 -p 64 -n 64, tokens/s
 LLAMACPP = {
@@ -284,8 +284,8 @@ def run_script(name: str, out_dir: Path, log: Log = print, mmap: bool = True) ->
     """benchmarks/NAME.py of a source checkout, with its own defaults, into out_dir."""
     import subprocess
     import sys
-    from .errors import ConfigError
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    from ..errors import ConfigError
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
     if name not in SCRIPTS or not script.is_file():
         raise ConfigError(f"--scripts {name}: needs benchmarks/{name}.py of a source checkout")
     # the script runs in benchmarks/: a relative out_dir would land there, not where asked

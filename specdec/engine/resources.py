@@ -6,7 +6,7 @@ the user gets a one-line ResourceError instead of a MemoryError or the OOM kille
 """
 from __future__ import annotations
 
-from .errors import ResourceError
+from ..errors import ResourceError
 
 MEMINFO = "/proc/meminfo"
 

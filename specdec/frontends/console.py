@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import IO
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
 from .printer import TokenPrinter
 
 COLORS = {"accepted": "\x1b[32m", "correction": "\x1b[31m", "bonus": "\x1b[34m"}   # green, red, blue

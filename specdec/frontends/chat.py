@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from .errors import ConfigError, ContextOverflowError
-from .request import DraftOptions, Runner
-from .sampling import SamplerParams
-from .template import CHATML, ROLES, chat_prompt, check_messages, render  # noqa: F401
+from ..errors import ConfigError, ContextOverflowError
+from ..request import DraftOptions, Runner
+from ..sampling import SamplerParams
+from ..template import CHATML, ROLES, chat_prompt, check_messages, render  # noqa: F401
 
 if TYPE_CHECKING:
-    from .api import Model
-    from .request import Completion
-    from .speculation.trace import TraceSink
+    from ..api import Model
+    from ..request import Completion
+    from ..speculation.trace import TraceSink
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

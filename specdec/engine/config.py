@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import GGUFError, UnsupportedModelError
+from ..errors import GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")

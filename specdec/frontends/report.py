@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError, SpecdecError
-from .speculation.trace import StepRecord
+from ..errors import ConfigError, SpecdecError
+from ..speculation.trace import StepRecord
 
 
 class MissingExtraError(SpecdecError):

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from .errors import GGUFError
+from ..errors import GGUFError
 from .resources import check_fits
 
 GGUF_MAGIC = b"GGUF"

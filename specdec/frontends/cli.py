@@ -20,10 +20,10 @@ import time
 from collections import Counter
 from dataclasses import replace
 
-from . import hub
+from .. import hub
 from .console import COLORS, RESET, detail_lines, summary_line
-from .errors import ConfigError, SpecdecError
-from .speculation.policies import DRAFT_N_MAX
+from ..errors import ConfigError, SpecdecError
+from ..speculation.policies import DRAFT_N_MAX
 
 EPILOG = """examples:
   specdec run -m qwen2.5-coder-1.5b-instruct-q4_k_m -md qwen2.5-coder-0.5b-instruct \\
@@ -230,14 +230,14 @@ def _check_run_args(a) -> None:
 def _draft_options(a):
     """The run flags' DraftOptions (validated here, before any model is loaded); the draft
     model is filled in once it is."""
-    from .request import DraftOptions
+    from ..request import DraftOptions
     return DraftOptions(kind=a.draft, n=a.draft_n, p=a.draft_p, policy=a.draft_policy,
                         lookup_ngram_min=a.lookup_ngram_min, lookup_ngram_max=a.lookup_ngram_max,
                         lookup_copy_ratio=a.lookup_copy_ratio, vocab=a.draft_vocab)
 
 
 def _load(name: str, n_ctx: int, activations: str = "auto", mmap: bool = True):
-    from .api import load
+    from ..api import load
     t0 = time.perf_counter()
     _progress(f"specdec: loading {name} ...")
     m = load(name, n_ctx=n_ctx or None, activations=activations, mmap=mmap)
@@ -278,7 +278,7 @@ def cmd_run(a) -> int:
         return _chat(a, target, options, first=prompt or None)
     text, chat = _model_prompt(a, target, prompt)
     from .printer import TokenPrinter
-    from .speculation.trace import JsonlTrace
+    from ..speculation.trace import JsonlTrace
     if not a.no_display_prompt:
         sys.stdout.write(prompt + ("\n" if chat else ""))
         sys.stdout.flush()
@@ -377,7 +377,7 @@ def cmd_bench(a) -> int:
             raise ConfigError(f"--pair takes TARGET:DRAFT, got {p!r}")
         pairs.append((target, draft))
     models = [] if a.no_decode else (a.model or bench.DECODE_MODELS)
-    from .speculation.policies import check_draft_n
+    from ..speculation.policies import check_draft_n
     for n in a.draft_n:
         check_draft_n(n)
     out_dir = a.out or bench.default_out_dir()
@@ -389,9 +389,9 @@ def cmd_bench(a) -> int:
 
 
 def cmd_info(a) -> int:
-    from .config import ModelConfig
-    from .gguf_file import GGUFFile
-    from .tokenizer import Tokenizer
+    from ..engine.config import ModelConfig
+    from ..engine.gguf_file import GGUFFile
+    from ..tokenizer import Tokenizer
     path = hub.resolve(a.model, download=False)
     gf = GGUFFile(path)
     cfg = ModelConfig.from_gguf(gf)

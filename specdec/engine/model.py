@@ -13,15 +13,15 @@ from typing import Sequence
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from . import kernels
-from .kernels import repack
-from .kernels.attention import attention
-from .kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_sin, swiglu
+from .. import kernels
+from ..kernels import repack
+from ..kernels.attention import attention
+from ..kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_sin, swiglu
 
 from .config import ROPE_NEOX, ModelConfig
-from .errors import ConfigError, GGUFError, NumericalError, UnsupportedModelError
+from ..errors import ConfigError, GGUFError, NumericalError, UnsupportedModelError
 from .gguf_file import GGUFFile
-from .interfaces import Session
+from ..interfaces import Session
 from .kv_cache import KVCache
 
 

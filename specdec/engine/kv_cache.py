@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels.attention import KV_BLOCK
+from ..kernels.attention import KV_BLOCK
 
-from .errors import ConfigError, ContextOverflowError
+from ..errors import ConfigError, ContextOverflowError
 from .resources import check_fits
 
 
