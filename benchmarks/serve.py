@@ -11,9 +11,9 @@ llama-server is the llama.cpp that benchmarks/build_llamacpp.sh builds natively 
 llama-cpp-python's sources (its build.json, with the cmake options, goes into the JSON).
 
 For each configuration one server is started with -np = the largest concurrency (-c = -np x
---slot-ctx) and 2 threads, /health is awaited, and a warm-up round (one short request per
-client at the largest concurrency, plus one full-length request, so every kernel path and the
-batched steps are compiled or loaded before timing) runs and is excluded from the figures.
+--slot-ctx) and 2 threads, /health is awaited, and a warm-up round (one request of up to 32
+tokens, then one 8-token request per client at the largest concurrency at once, so every kernel
+path and the batched steps are compiled or loaded before timing) runs and is excluded.
 Then for each concurrency C, C client threads each send the same list of chat prompts through
 /v1/chat/completions (temperature 0, max_tokens --max-tokens, non-streaming), client k starting
 k prompts into the list so the requests in flight differ.  Per request: wall-clock latency
@@ -52,6 +52,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout's specdec
 sys.path.insert(0, str(Path(__file__).parent))
 from common import QWEN_DRAFT, QWEN_TARGET, load_prompts, machine_info, write_json  # noqa: E402
 
@@ -106,9 +107,10 @@ def llama_dir(a) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def help_text(cmd: list[str]) -> str:
+def help_text(cmd: list[str], env: dict | None = None, cwd: str | Path = ROOT) -> str:
     try:
-        r = subprocess.run(cmd + ["--help"], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(cmd + ["--help"], capture_output=True, text=True, timeout=120, cwd=cwd,
+                           env=env)
         return r.stdout + r.stderr
     except (OSError, subprocess.TimeoutExpired):
         return ""
@@ -124,6 +126,8 @@ def server_command(config: str, a, port: int, paths: dict) -> list[str]:
             cmd += ["-md", paths["draft"], "--draft-n", str(a.draft_n), "--draft-p", str(a.draft_p)]
         elif config == "specdec-prompt-lookup":
             cmd += ["--draft", "prompt-lookup", "--draft-n", str(a.draft_n)]
+        if "--threads" in paths["specdec_help"]:
+            cmd += ["-t", str(a.threads)]
         if a.no_mmap and "--no-mmap" in paths["specdec_help"]:
             cmd.append("--no-mmap")
         return cmd
@@ -141,11 +145,12 @@ def server_command(config: str, a, port: int, paths: dict) -> list[str]:
 
 
 class Server:
-    def __init__(self, cmd: list[str], log_path: Path, port: int, env: dict | None = None):
+    def __init__(self, cmd: list[str], log_path: Path, port: int, env: dict | None = None,
+                 cwd: str | Path = ROOT):
         self.cmd, self.log_path, self.port = cmd, log_path, port
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
 
     def wait_healthy(self, timeout: float) -> float:
         t0 = time.perf_counter()
@@ -181,9 +186,12 @@ class Server:
 
 # ---- clients -------------------------------------------------------------------------------
 
+MODEL_ID = {}   # server url -> the model id its /v1/models names
+
+
 def chat_request(client: httpx.Client, url: str, messages: list[dict], max_tokens: int,
                  llama: bool) -> dict:
-    body = {"model": "target", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+    body = {"model": MODEL_ID.get(url, "target"), "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
             "seed": 0, "stream": False}
     if llama:
         body["cache_prompt"] = False
@@ -245,7 +253,7 @@ def run_level(url: str, prompts: list[dict], c: int, a, llama: bool) -> dict:
 
 
 def warm_server(url: str, prompts: list[dict], a, llama: bool) -> float:
-    """Excluded from the figures: one full-length request, then one short request per client
+    """Excluded from the figures: one request of up to 32 tokens, then one 8-token request per client
     at the largest concurrency at once (the batched steps)."""
     t0 = time.perf_counter()
     with httpx.Client(timeout=a.request_timeout) as cl:
@@ -464,11 +472,20 @@ def main() -> None:
     ap.add_argument("--llama-dir", default=None, help="folder with bin/llama-server and build.json "
                     "(default: benchmarks/build_llamacpp.sh's, built on first use)")
     ap.add_argument("--llama-version", default="0.3.36", help="llama-cpp-python sdist to build from")
+    ap.add_argument("--specdec-root", default=str(ROOT), help="source tree `specdec serve` runs from "
+                    "(default: this checkout; e.g. an export of a branch not merged yet)")
+    ap.add_argument("--specdec-commit", default=None, help="commit of --specdec-root, recorded "
+                    "(default: git rev-parse HEAD there)")
     ap.add_argument("--startup-timeout", type=float, default=600)
     ap.add_argument("--request-timeout", type=float, default=900)
     ap.add_argument("--quick", action="store_true", help="2 prompts, 32 tokens, concurrency 1 2 4")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--merge", nargs="+", default=None, metavar="SERVE.json",
+                    help="no measuring: combine the configurations of earlier runs' serve.json "
+                         "(the first file's machine and settings; each part's date kept) into --out")
     a = ap.parse_args()
+    if a.merge:
+        return merge(a.merge, Path(a.out))
     if a.quick:
         a.prompts, a.max_tokens, a.concurrency = 2, 32, [c for c in a.concurrency if c <= 4]
     a.concurrency = sorted(set(a.concurrency))
@@ -478,7 +495,7 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     prompts = bench_prompts(a.prompts)
     paths = {"target": model_path(QWEN_TARGET), "draft": model_path(QWEN_DRAFT)}
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=a.specdec_root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     build = None
     if any(c.startswith("llama-") for c in a.configs):
         paths["llama_dir"] = llama_dir(a)
@@ -489,8 +506,10 @@ def main() -> None:
         except OSError:
             build = None
     if any(c.startswith("specdec-") for c in a.configs):
-        paths["specdec_help"] = help_text([sys.executable, "-m", "specdec.cli", "serve"])
+        paths["specdec_help"] = help_text([sys.executable, "-m", "specdec.cli", "serve"], env,
+                                          a.specdec_root)
     t_start = time.perf_counter()
+    load_start = os.getloadavg()
 
     run = None
     run_cfgs = [RUN_CONFIGS[c] for c in a.configs if c in RUN_CONFIGS]
@@ -503,9 +522,11 @@ def main() -> None:
         port = free_port()
         cmd = server_command(c, a, port, paths)
         print(f"\n== {c}: {' '.join(cmd)}", flush=True)
-        srv = Server(cmd, logs / f"{c}.log", port, env=env)
+        srv = Server(cmd, logs / f"{c}.log", port, env=env,
+                     cwd=a.specdec_root if c.startswith("specdec-") else ROOT)
         try:
             up = srv.wait_healthy(a.startup_timeout)
+            MODEL_ID[srv.url] = httpx.get(srv.url + "/v1/models", timeout=30).json()["data"][0]["id"]
             w = warm_server(srv.url, prompts, a, c.startswith("llama-"))
             print(f"   healthy after {up:.1f} s, warm-up {w:.1f} s (excluded)", flush=True)
             levels = []
@@ -528,26 +549,59 @@ def main() -> None:
     result = {
         "machine": machine, "target": QWEN_TARGET, "draft": QWEN_DRAFT,
         "llama_cpp_build": build,
-        "settings": {"configs": a.configs, "concurrency": a.concurrency, "max_tokens": a.max_tokens,
+        "specdec_source": {"root": a.specdec_root,
+                           "commit": a.specdec_commit or git_commit(a.specdec_root)},
+        "settings": {"quick": a.quick, "configs": a.configs, "concurrency": a.concurrency, "max_tokens": a.max_tokens,
                      "prompts": [p["id"] for p in prompts], "draft_n": a.draft_n, "draft_p": a.draft_p,
                      "threads": a.threads, "n_parallel": max(a.concurrency),
                      "ctx": max(a.concurrency) * a.slot_ctx, "no_mmap": a.no_mmap,
                      "temperature": 0.0, "stream": False, "endpoint": "/v1/chat/completions"},
         "method": ("one server per configuration with -np = the largest concurrency; warm-up (one "
-                   "full-length request, then one short request per client at the largest "
+                   "32-token request, then one 8-token request per client at the largest "
                    "concurrency) excluded; C client threads each send every prompt once, client k "
                    "starting at prompt k; aggregate tok/s = completion tokens (usage) / wall time "
                    "of the level; latency = send to full response, prefill included; llama-server "
                    "requests with cache_prompt false; specdec_run: Model.generate, one call per "
                    "prompt, wall time (prefill included)"),
         "specdec_run": run, "results": results,
-        "wall_s": round(time.perf_counter() - t_start, 1)}
+        "wall_s": round(time.perf_counter() - t_start, 1),
+        "load_avg_start": [round(x, 2) for x in load_start],
+        "load_avg_end": [round(x, 2) for x in os.getloadavg()]}
     result["goals"] = goals(results, run)
     result["greedy"] = greedy_checks(results, run)
     write_json(out / "serve.json", result)
     plot(result, out / "serve.png")
     print_table(result)
     print(f"wrote {out / 'serve.json'} and {out / 'serve.png'}")
+
+
+def merge(files: list[str], out: Path) -> None:
+    parts = [json.loads(Path(f).read_text()) for f in files]
+    result = dict(parts[0])
+    result["results"], result["specdec_run"], result["parts"] = {}, None, []
+    for f, p in zip(files, parts):
+        result["results"].update(p["results"])
+        result["specdec_run"] = result["specdec_run"] or p.get("specdec_run")
+        result["llama_cpp_build"] = result.get("llama_cpp_build") or p.get("llama_cpp_build")
+        result["parts"].append({"file": Path(f).name, "date": p["machine"]["date"],
+                                "configs": list(p["results"]), "wall_s": p.get("wall_s"),
+                                "load_avg_start": p.get("load_avg_start")})
+    result["settings"] = dict(result["settings"], configs=list(result["results"]))
+    result["goals"] = goals(result["results"], result["specdec_run"])
+    result["greedy"] = greedy_checks(result["results"], result["specdec_run"])
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "serve.json", result)
+    plot(result, out / "serve.png")
+    print_table(result)
+    print(f"wrote {out / 'serve.json'} and {out / 'serve.png'} (merged from {len(files)} runs)")
+
+
+def git_commit(root: str) -> str | None:
+    try:
+        r = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True)
+        return r.stdout.strip() or None
+    except OSError:
+        return None
 
 
 def cpu_info() -> dict:
