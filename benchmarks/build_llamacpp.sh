@@ -72,14 +72,18 @@ for line in open("/proc/cpuinfo"):
         model = line.split(":", 1)[1].strip()
     if line.startswith("flags") and not flags:
         flags = line.split(":", 1)[1].strip()
-m = re.search(r"version:\s*(\d+)\s*\(([0-9a-f]+)\)", ver_line)
+m = (re.search(r"build (\d+), commit ([0-9a-f]+)", ver_line)          # 0.5.0-dev (build 1, commit x)
+     or re.search(r"version:\s*(\d+)\s*\(([0-9a-f]+)\)", ver_line))     # older: version: 4000 (x)
 ggml = {}
 try:
     for line in open(cache):
         k, _, v = line.strip().partition("=")
         if k.startswith("GGML_") and ":" in k:
             name, typ = k.split(":", 1)
-            if typ == "BOOL" and v in ("ON", "OFF"):
+            gpu = ("CUDA", "HIP", "METAL", "VULKAN", "SYCL", "MUSA", "OPENCL", "CANN", "RPC",
+                   "WEBGPU", "KOMPUTE", "ZDNN", "HEXAGON", "ET_", "ZENDNN", "VXE", "RVV", "RV_",
+                   "LASX", "LSX", "XTHEADVECTOR", "ACCELERATE", "BLAS", "KLEIDIAI", "HBM")
+            if typ == "BOOL" and v in ("ON", "OFF") and not any(g in name for g in gpu):
                 ggml[name] = v
 except OSError:
     pass

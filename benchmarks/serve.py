@@ -131,16 +131,21 @@ def server_command(config: str, a, port: int, paths: dict) -> list[str]:
         if a.no_mmap and "--no-mmap" in paths["specdec_help"]:
             cmd.append("--no-mmap")
         return cmd
+    h = paths["llama_help"]
     cmd = [str(paths["llama_dir"] / "bin" / "llama-server"), "-m", paths["target"],
            "--host", "127.0.0.1", "--port", str(port), "-np", str(np_), "-c", str(ctx),
-           "-t", str(a.threads), "-tb", str(a.threads), "-ngl", "0"]
+           "-t", str(a.threads), "-tb", str(a.threads)]
     if config == "llama-model":
-        cmd += ["-md", paths["draft"], "-ngld", "0", "--draft-max", str(a.draft_n),
-                "--draft-min", "0", "--draft-p-min", str(a.draft_p)]
-        if "-td" in paths["llama_help"] or "--threads-draft" in paths["llama_help"]:
+        cmd += ["-md", paths["draft"]]
+        if "--spec-draft-n-max" in h:     # newer llama.cpp: --draft-max/--draft-min removed
+            cmd += ["--spec-draft-n-max", str(a.draft_n), "--spec-draft-n-min", "0",
+                    "--spec-draft-p-min", str(a.draft_p)]
+        else:
+            cmd += ["--draft-max", str(a.draft_n), "--draft-min", "0", "--draft-p-min", str(a.draft_p)]
+        if "-td" in h or "--threads-draft" in h:
             cmd += ["-td", str(a.threads)]
     if a.no_mmap:
-        cmd.append("--no-mmap")
+        cmd += ["--load-mode", "none"] if "--load-mode" in h else ["--no-mmap"]
     return cmd
 
 
@@ -586,6 +591,14 @@ def merge(files: list[str], out: Path) -> None:
         result["parts"].append({"file": Path(f).name, "date": p["machine"]["date"],
                                 "configs": list(p["results"]), "wall_s": p.get("wall_s"),
                                 "load_avg_start": p.get("load_avg_start")})
+    for r in result["results"].values():   # the anchor's build.json as it is now (fields fixed since)
+        if Path(r.get("command", [""])[0]).name == "llama-server":
+            try:
+                build = json.loads((Path(r["command"][0]).parent.parent / "build.json").read_text())
+                build.pop("cpu_flags", None)
+                result["llama_cpp_build"] = build
+            except OSError:
+                pass
     result["settings"] = dict(result["settings"], configs=list(result["results"]))
     result["goals"] = goals(result["results"], result["specdec_run"])
     result["greedy"] = greedy_checks(result["results"], result["specdec_run"])
