@@ -120,7 +120,7 @@ def server_command(config: str, a, port: int, paths: dict) -> list[str]:
     np_ = max(a.concurrency)
     ctx = np_ * a.slot_ctx
     if config.startswith("specdec-"):
-        cmd = [sys.executable, "-m", "specdec.cli", "serve", "-m", paths["target"],
+        cmd = [sys.executable, "-m", "specdec.frontends.cli", "serve", "-m", paths["target"],
                "--host", "127.0.0.1", "--port", str(port), "-np", str(np_), "-c", str(ctx)]
         if config == "specdec-model":
             cmd += ["-md", paths["draft"], "--draft-n", str(a.draft_n), "--draft-p", str(a.draft_p)]
@@ -511,7 +511,7 @@ def main() -> None:
         except OSError:
             build = None
     if any(c.startswith("specdec-") for c in a.configs):
-        paths["specdec_help"] = help_text([sys.executable, "-m", "specdec.cli", "serve"], env,
+        paths["specdec_help"] = help_text([sys.executable, "-m", "specdec.frontends.cli", "serve"], env,
                                           a.specdec_root)
     t_start = time.perf_counter()
     load_start = os.getloadavg()
