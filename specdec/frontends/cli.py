@@ -351,7 +351,7 @@ def cmd_chat(a) -> int:
 
 
 def cmd_serve(a) -> int:
-    from .frontends.serve.cli import serve
+    from .serve.cli import serve
     return serve(a, load=_load, draft_options=_draft_options, set_threads=_set_threads, log=_progress)
 
 
