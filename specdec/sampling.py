@@ -164,7 +164,9 @@ class NumpyRandom:
 
     @classmethod
     def from_seed(cls, seed: int | None) -> "NumpyRandom":
-        """A request's generator: seeded, or (None) from fresh OS entropy."""
+        """A request's generator: seeded (an integer >= 0), or (None) from fresh OS entropy."""
+        if seed is not None and (int(seed) != seed or seed < 0):
+            raise SamplingConfigError(f"--seed must be an integer >= 0 (or -1 for a random one), got {seed}")
         return cls(np.random.SeedSequence(seed).generate_state(1)[0] if seed is None else seed)
 
     def bernoulli(self, prob: float) -> bool:

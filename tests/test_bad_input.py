@@ -125,7 +125,7 @@ def test_cli_bad_file_exit_2(tmp_path, make):
 @pytest.mark.parametrize("flags,needle", [
     (["--draft-n", "0"], "--draft-n"), (["--draft-n", "17"], "--draft-n"),
     (["--draft-p", "1.5"], "--draft-p"), (["--n-predict", "x"], "--n-predict"),
-    (["--bogus"], "--bogus"),
+    (["--bogus"], "--bogus"), (["-s", "-5"], "--seed"),
 ])
 def test_cli_bad_flag_exit_2(flags, needle):
     r = _cli("run", "-p", "hi", *flags)

@@ -127,6 +127,7 @@ def test_stop_strings_are_trimmed(server):
     ({"prompt": "ab", "draft": "telepathy"}, 400, "draft"),
     ({"prompt": "ab", "draft_n": 99}, 400, "draft_n"),
     ({"prompt": "ab", "n": 2}, 400, "n"),
+    ({"prompt": "ab", "seed": -2**63}, 400, "seed"),
     ({"prompt": "a" * 400}, 400, "prompt"),
     ({"prompt": ""}, 400, "prompt"),
     ({"prompt": [1, 2, 10**6]}, 400, "prompt"),

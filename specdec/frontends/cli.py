@@ -221,6 +221,8 @@ def _check_run_args(a) -> None:
         raise ConfigError("--trace is for `specdec run` without -cnv")
     if a.n_predict < -1:
         raise ConfigError(f"--n-predict must be >= -1, got {a.n_predict}")
+    if a.seed is not None and a.seed < -1:
+        raise ConfigError(f"--seed must be an integer >= 0 (or -1 for a random one), got {a.seed}")
     if a.temp < 0:
         raise ConfigError(f"--temp must be >= 0, got {a.temp}")
     if a.ctx_size < 0 or a.threads < 0:

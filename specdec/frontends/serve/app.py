@@ -53,7 +53,7 @@ class _Common(BaseModel):
     top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=0)
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=-1)               # -1: a random seed, as llama-server
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
     stream_options: Optional[dict[str, Any]] = None
@@ -218,7 +218,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
         n = next((x for x in (body.max_tokens, body.max_completion_tokens, body.n_predict)
                   if x is not None), config.n_predict)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-        return Job(ids, n, params, draft, seed=config.seed if body.seed is None else body.seed,
+        return Job(ids, n, params, draft, seed=config.seed if body.seed is None else (None if body.seed == -1 else body.seed),
                    stop=stop, ignore_eos=body.ignore_eos)
 
     async def _serve(body: _Common, ids: list[int], request: Request, chat: bool):
