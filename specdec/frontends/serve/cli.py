@@ -13,7 +13,11 @@ from specdec.sampling import SamplerParams
 def serve(a, *, load, draft_options, set_threads, log) -> int:
     """Load -m (and -md), start the scheduler and serve until Ctrl-C / SIGTERM (then drain,
     exit 0).  load / draft_options / set_threads / log: specdec.frontends.cli's helpers."""
-    from .app import ServeConfig, create_app, run_server
+    try:
+        from .app import ServeConfig, create_app, run_server
+    except ImportError as e:             # the optional server stack is not installed
+        raise ConfigError(f"specdec serve needs {e.name or 'FastAPI and uvicorn'}: "
+                          f"pip install 'specdec[serve]'") from None
     from .scheduler import DraftCaps, Scheduler
     if not 0 <= a.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {a.port}")
