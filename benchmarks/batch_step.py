@@ -10,7 +10,13 @@ pays at each batch size once the weights are already read for B sequences.
 
 Before any timing each model is warmed up (kernel compilation or the Numba cache load, and
 one untimed step of the largest shape); that warm-up is excluded from the figures and
-reported apart as warm_s.  After each timed step the caches are truncated back to n_past.
+reported apart as warm_s.  After each timed step the caches are truncated back to n_past;
+the repeats go round-robin over all (B, r) cells, and min_step_ms (the fastest repeat) is
+kept beside the median, for machines shared with other work.
+
+On a machine shared with other work, NUMBA_NUM_THREADS=1 gives stable figures: the parallel
+kernels wait at every join for a worker thread that another process has taken the core from
+(machine.numba_threads records the setting; loadavg_before / loadavg_after the other load).
 
 Writes batch_step.json into --out.
 
@@ -65,20 +71,18 @@ def measure(model, n_past: int, repeats: int) -> dict:
     for s in sessions:
         s.truncate(n_past)
     warm_s = time.perf_counter() - t0
-    ms: dict[tuple[int, int], float] = {}
-    best: dict[tuple[int, int], float] = {}
-    for r in RS:
-        for B in BS:
-            times = []
-            for rep in range(repeats):
-                new = [tokens(r, 50 + b + rep) for b in range(B)]
-                t = time.perf_counter()
-                eval_batch(sessions[:B], new)
-                times.append(time.perf_counter() - t)
-                for s in sessions[:B]:
-                    s.truncate(n_past)
-            ms[B, r] = float(np.median(times) * 1e3)
-            best[B, r] = float(np.min(times) * 1e3)
+    cells = [(B, r) for r in RS for B in BS]
+    times: dict[tuple[int, int], list[float]] = {c: [] for c in cells}
+    for rep in range(repeats):          # round-robin over the cells: a burst of other load on
+        for B, r in cells:              # the machine hits one repeat of many cells, not one cell
+            new = [tokens(r, 50 + b + rep) for b in range(B)]
+            t = time.perf_counter()
+            eval_batch(sessions[:B], new)
+            times[B, r].append(time.perf_counter() - t)
+            for s in sessions[:B]:
+                s.truncate(n_past)
+    ms = {c: float(np.median(v) * 1e3) for c, v in times.items()}
+    best = {c: float(np.min(v) * 1e3) for c, v in times.items()}
     table = {f"B{B}_r{r}": {"B": B, "r": r, "rows": B * r, "step_ms": round(ms[B, r], 3),
                             "min_step_ms": round(best[B, r], 3),
                             "rows_per_s": round(B * r / ms[B, r] * 1e3, 2),
