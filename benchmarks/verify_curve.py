@@ -154,7 +154,7 @@ def main(argv=None) -> None:
     out = Path(a.out)
     result = {"machine": machine_info(), "ms": list(MS), "mmap": not a.no_mmap, "models": []}
     for mid in a.models:
-        m = specdec.load(mid, n_ctx=512, mmap=not a.no_mmap)
+        m = specdec.load(mid, n_ctx=512, mmap=False if a.no_mmap else None)
         w = warm_up(m)
         forward_ms(m, max(MS), repeats=1)                  # compile every M path before timing
         r = {"model": mid, "warm_s": round(w, 2), "curve": curve(m, a.repeats),
