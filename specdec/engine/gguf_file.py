@@ -1,7 +1,9 @@
 """GGUF reader over a memory map: metadata parsed once, tensors as zero-copy views.
 
 With ``mmap=False`` the file is read once into process memory instead (llama.cpp's
-``--no-mmap``) and the tensors are views of that copy: weights stay quantized either way.
+``--no-mmap``; memory advised for transparent huge pages) and the tensors are views of that
+copy: weights stay quantized either way.  ``mmap=None`` (what `specdec.load` passes by
+default) reads the file when it takes at most half of the available memory (`should_map`).
 Why offer it: reading mapped page-cache pages can be much slower than reading anonymous
 memory on some hosts (one VM measured 15 GB/s against 26 GB/s for the same bytes, which
 made decoding the 1.5B 1.85x slower), and it is the host, not the file, that decides.
@@ -31,7 +33,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import GGUFError
-from .resources import available_bytes, check_fits
+from . import resources
+from .resources import check_fits
 
 GGUF_MAGIC = b"GGUF"
 MAX_ARRAY_DEPTH = 8          # arrays of arrays of ...: no real file nests more than twice
@@ -79,10 +82,10 @@ def read_into_memory(path: str) -> np.ndarray:
 
 def should_map(file_size: int, available: int | None) -> bool:
     """The default load (mmap=None): read the file into memory when it takes at most half of
-    the memory available now, map it otherwise.  On the machines measured, decoding from
+    the memory available now, map it otherwise (and where that is unknown).  On the machines measured, decoding from
     process memory is faster than from mapped page-cache pages (docs/architecture.md, "Mapped
     or in memory"), and only an in-memory copy can hold the repacked legacy-quant layers."""
-    return available is not None and file_size > available // 2
+    return available is None or file_size > available // 2
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,7 @@ class GGUFFile:
         if self.file_size < 24:
             raise GGUFError(f"{self.path}: not a GGUF file ({self.file_size} bytes, too short)")
         if mmap is None:                              # the default of load(): whatever is faster
-            mmap = should_map(self.file_size, available_bytes())
+            mmap = should_map(self.file_size, resources.available_bytes())
         elif not mmap:
             check_fits(self.file_size, f"{self.path}: reading the file into memory (--no-mmap)",
                        "load it mapped (--mmap)")
