@@ -97,6 +97,30 @@ def llamacpp_bench(path: str, n_pp: int, n_tg: int, repeats: int, mmap: bool = T
     return {"pp_tok_s": round(pp[0], 2), "tg_tok_s": round(tg[0], 2), "command": cmd}
 
 
+def llamacpp_forward_ms(path: str, ms: Sequence[int], depth: int = 128, repeats: int = 3,
+                        mmap: bool = True, threads: int | None = None,
+                        folder: Path | None = None) -> dict[int, float] | None:
+    """Milliseconds of one forward pass over M tokens after `depth` cached ones, for each M,
+    from llama-bench of the native build (`-p M -n 0 -d depth`; its prompt pass computes the
+    last row's logits only, so for M > 1 this is a lower bound on what verification, which
+    needs every row's, costs llama.cpp).  None when it is not built here or fails."""
+    import subprocess
+    import numba
+    exe = (folder or llamacpp_dir()) / "bin" / "llama-bench"
+    if not exe.exists():
+        return None
+    cmd = [str(exe), "-m", path, "-t", str(threads or numba.get_num_threads()),
+           "-p", ",".join(str(m) for m in ms), "-n", "0", "-d", str(depth), "-r", str(max(repeats, 1)),
+           "-o", "json"] + ([] if mmap else ["-lm", "none"])
+    try:
+        rows = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=3600).stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    got = {int(x["n_prompt"]): 1e3 * int(x["n_prompt"]) / x["avg_ts"] for x in rows
+           if x.get("n_prompt") and not x.get("n_gen") and x.get("avg_ts")}
+    return got if set(got) >= set(ms) else None
+
+
 def machine_info() -> dict:
     """Where a benchmark ran: the CPU (model, vendor, family, flags, the kernel paths chosen
     for it: specdec.kernels.cpu), cores and threads, memory bandwidth when
