@@ -38,17 +38,6 @@ BS = (1, 2, 4, 8)
 RS = (1, 2, 4, 6, 9)
 
 
-def cpu_flags() -> list[str]:
-    """The 'flags' line of /proc/cpuinfo (first CPU)."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                return line.split(":", 1)[1].split()
-    except OSError:
-        pass
-    return []
-
-
 def _loadavg() -> str:
     """/proc/loadavg: other work on the machine during the run shows here."""
     try:
@@ -100,7 +89,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--no-mmap", action="store_true", help="read the model files into memory")
     a = ap.parse_args(argv)
-    result = {"machine": {**machine_info(), "cpu_flags": cpu_flags()}, "B": list(BS), "r": list(RS),
+    result = {"machine": machine_info(), "B": list(BS), "r": list(RS),
               "n_past": a.n_past, "repeats": a.repeats, "mmap": not a.no_mmap,
               "timing": "step_ms: median wall time of one eval_batch step (logits for every row), "
                         "min_step_ms the fastest of the repeats; kernel compilation / warm-up "
@@ -108,7 +97,7 @@ def main(argv=None) -> None:
               "loadavg_before": _loadavg(),
               "models": []}
     for mid in a.models:
-        m = specdec.load(mid, n_ctx=a.n_past + max(RS) + 1, mmap=not a.no_mmap)
+        m = specdec.load(mid, n_ctx=a.n_past + max(RS) + 1, mmap=False if a.no_mmap else None)
         r = {"model": mid, **measure(m, a.n_past, a.repeats)}
         result["models"].append(r)
         print(f"{mid} (warm-up {r['warm_s']:.1f} s, excluded)\n  ms per step / rows/s")

@@ -143,8 +143,8 @@ def main() -> None:
     a.draft_vocab = a.draft_vocab or None
     if "plain" in a.configs:
         a.configs = ["plain"] + [c for c in a.configs if c != "plain"]
-    target = specdec.load(QWEN_TARGET, n_ctx=2048, mmap=not a.no_mmap)
-    draft = specdec.load(QWEN_DRAFT, n_ctx=2048, mmap=not a.no_mmap)
+    target = specdec.load(QWEN_TARGET, n_ctx=2048, mmap=False if a.no_mmap else None)
+    draft = specdec.load(QWEN_DRAFT, n_ctx=2048, mmap=False if a.no_mmap else None)
     warm_s = warm_up(target, draft)
     print(f"warm-up (JIT compile or cache load, not timed below): {warm_s:.1f} s", flush=True)
     t0 = time.perf_counter()

@@ -187,8 +187,8 @@ def main() -> None:
     sets = {s: r["answers"] for s, r in src["results"].items() if r.get("answers")}
     if not sets:
         raise SystemExit(f"{a.drafters}: no recorded answers (rerun benchmarks/drafters.py at --temp 0)")
-    target = specdec.load(QWEN_TARGET, n_ctx=2048, mmap=not a.no_mmap)
-    draft = specdec.load(QWEN_DRAFT, n_ctx=2048, mmap=not a.no_mmap)
+    target = specdec.load(QWEN_TARGET, n_ctx=2048, mmap=False if a.no_mmap else None)
+    draft = specdec.load(QWEN_DRAFT, n_ctx=2048, mmap=False if a.no_mmap else None)
     a.eog = target.tokenize("<|im_end|>")[-1]
     lengths = [len(r["prompt_ids"]) + len(r["ids"]) // 2 for ans in sets.values() for r in ans.values()]
     n_past = int(np.median(lengths))

@@ -41,7 +41,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -550,7 +549,6 @@ def main() -> None:
             srv.stop()
 
     machine = machine_info()
-    machine.update(cpu_info())
     result = {
         "machine": machine, "target": QWEN_TARGET, "draft": QWEN_DRAFT,
         "llama_cpp_build": build,
@@ -615,27 +613,6 @@ def git_commit(root: str) -> str | None:
         return r.stdout.strip() or None
     except OSError:
         return None
-
-
-def cpu_info() -> dict:
-    """CPU flags and memory bandwidth (benchmarks/bandwidth.py's figure when it was run)."""
-    flags = []
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                break
-    except OSError:
-        pass
-    info: dict = {"cpu_flags": flags,
-                  "simd": [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))]}
-    for p in (Path("bench-results") / "bandwidth.json", Path(__file__).parent / "results" / "bandwidth.json"):
-        try:
-            info["bandwidth"] = json.loads(p.read_text()).get("results")
-            break
-        except (OSError, ValueError):
-            pass
-    return info
 
 
 if __name__ == "__main__":

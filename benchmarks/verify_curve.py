@@ -29,6 +29,7 @@ from numba import njit, prange
 import specdec
 import specdec.engine.model as model_mod
 from specdec import llamacpp
+from specdec.frontends.bench import llamacpp_forward_ms
 from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, machine_info, warm_up, write_json
 
 MS = (1, 2, 4, 6, 8, 12, 17)
@@ -152,16 +153,20 @@ def main(argv=None) -> None:
     ap.add_argument("--no-mmap", action="store_true", help="read the model files into memory (both engines)")
     a = ap.parse_args(argv)
     out = Path(a.out)
-    result = {"machine": machine_info(), "ms": list(MS), "mmap": not a.no_mmap, "models": []}
+    result = {"machine": machine_info(), "ms": list(MS), "mmap": None if not a.no_mmap else False, "models": []}
     for mid in a.models:
-        m = specdec.load(mid, n_ctx=512, mmap=not a.no_mmap)
+        m = specdec.load(mid, n_ctx=512, mmap=False if a.no_mmap else None)
         w = warm_up(m)
         forward_ms(m, max(MS), repeats=1)                  # compile every M path before timing
         r = {"model": mid, "warm_s": round(w, 2), "curve": curve(m, a.repeats),
              "profile": profile_decode(m)}
-        lc = llamacpp.forward_ms(m.path, MS, repeats=a.repeats, mmap=not a.no_mmap)   # None without it
+        lc = llamacpp_forward_ms(m.path, MS, repeats=a.repeats, mmap=not m.gguf.in_memory)
+        source = "llama-bench of the native build (-p M -n 0 -d 128), last row's logits only"
+        if lc is None:                                      # no native build: llama-cpp-python
+            lc = llamacpp.forward_ms(m.path, MS, repeats=a.repeats, mmap=not m.gguf.in_memory)
+            source = f"llama-cpp-python {llamacpp.version()}, logits for every row"
         if lc is not None:
-            r["llamacpp_curve"] = {"source": f"llama-cpp-python {llamacpp.version()}, logits for every row",
+            r["llamacpp_curve"] = {"source": source,
                                    "forward_ms": {str(k): round(v, 3) for k, v in lc.items()},
                                    "relative": {str(k): round(v / lc[1], 3) for k, v in lc.items()}}
         result["models"].append(r)

@@ -29,11 +29,11 @@ DEFAULT_N_CTX = 4096
 
 
 class Model:
-    """A loaded GGUF model: config, tokenizer and memory-mapped weights (nothing is copied;
-    with mmap=False the file is read once into memory, see gguf_file)."""
+    """A loaded GGUF model: config, tokenizer and its quantized weights, read once into memory
+    or memory-mapped (mmap=, see `load`)."""
 
     def __init__(self, path: str | os.PathLike, n_ctx: int | None = None, activations: str = "auto",
-                 mmap: bool = True):
+                 mmap: bool | None = None):
         self.path = str(path)
         self.name = os.path.basename(self.path)
         self.gguf = GGUFFile(path, mmap=mmap)
@@ -80,9 +80,10 @@ class Model:
     def generate(self, prompt: str | Sequence[int], n_predict: int = 128, *,
                  temperature: float = 0.0, top_k: int = 40, top_p: float = 0.95,
                  min_p: float = 0.05, seed: int | None = None,
-                 draft: "Model | Drafter | DraftOptions | str | None" = None, draft_n: int = 5,
-                 draft_p: float = 0.9, draft_model: "Model | None" = None,
-                 draft_policy: "str | DraftPolicy" = "threshold",
+                 draft: "Model | Drafter | DraftOptions | str | None" = None,
+                 draft_n: int | None = None, draft_p: float | None = None,
+                 draft_model: "Model | None" = None,
+                 draft_policy: "str | DraftPolicy | None" = None,
                  lookup_ngram_min: int = 2, lookup_ngram_max: int = 16,
                  draft_vocab: int | None = None, lookup_copy_ratio: float = 1.0,
                  ignore_eos: bool = False, n_ctx: int | None = None,
@@ -100,7 +101,11 @@ class Model:
         below confidence draft_p), 'fixed' (draft_n) or 'adaptive' (1..draft_n chosen from
         the measured acceptance and costs), or a DraftPolicy object; see specdec.speculation.policies.
         draft_vocab: the draft model computes logits for token ids below it only (a cheaper
-        draft over the common tokens; exactness is unaffected); None: all."""
+        draft over the common tokens; exactness is unaffected); 0: all.
+        Left out (None), draft_n, draft_p, draft_policy and draft_vocab take the defaults
+        that measured fastest: a draft model drafts as 'hybrid' with the adaptive length in
+        1..8 and its head trimmed to 32768 ids (request.DraftOptions); given, draft_n /
+        draft_p / draft_policy mean llama.cpp's --draft-max / --draft-p-min (threshold, 5, 0.9)."""
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         options = DraftOptions.of(draft, draft_model, n=draft_n, p=draft_p, policy=draft_policy,
                                   lookup_ngram_min=lookup_ngram_min,
@@ -113,14 +118,16 @@ class Model:
 
 
 def load(path_or_id: str | os.PathLike, n_ctx: int | None = None, download: bool = True,
-         progress: bool = True, activations: str = "auto", mmap: bool = True) -> Model:
+         progress: bool = True, activations: str = "auto", mmap: bool | None = None) -> Model:
     """Load a GGUF file, or a known model id (fetched into the model cache on first use).
 
     activations: "q8" (round matmul inputs to 8 bits per block, as llama.cpp), "float" (keep
     them in float32 in the layers), or "auto" (float for gemma3, q8 otherwise).
-    mmap: map the file (default; nothing is copied) or, False, read it once into process
-    memory (llama.cpp's --no-mmap: faster decoding where mapped page-cache reads are slow),
-    where the legacy-quant layer weights are then rearranged in place into the 8-row records
-    of kernels/repack.py (faster to read, same results bit for bit)."""
+    mmap: True maps the file (nothing is copied); False reads it once into process memory
+    (llama.cpp's --no-mmap), where the legacy-quant layer weights are then rearranged in place
+    into the 8-row records of kernels/repack.py (faster to read, same results bit for bit);
+    None (default) reads it when it takes at most half the available memory and maps it
+    otherwise (gguf_file.should_map): decoding from memory is the faster on every host
+    measured (docs/architecture.md, "Mapped or in memory")."""
     return Model(hub.resolve(str(path_or_id), download=download, progress=progress), n_ctx=n_ctx,
                  activations=activations, mmap=mmap)

@@ -11,7 +11,7 @@ of DraftOptions (passed on in `build`) plus one flag in cli.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .speculation.drafters import DRAFTER_NAMES, Drafter, check_lookup_options, make_drafter
@@ -27,22 +27,34 @@ if TYPE_CHECKING:
     from .api import Model
 
 
+AUTO_N_MAX = 8          # the default draft length bound: AdaptiveLength picks 1..8 per step
+AUTO_VOCAB = 32768      # the default draft head: ids below this, when the vocabulary is > 2x larger
+SEED_N, SEED_P = 5, 0.9  # --draft-n / --draft-p when only the other one (or --draft-policy) is given
+
+
 @dataclass(frozen=True)
 class DraftOptions:
-    """How a request drafts.  kind None and no drafter: plain decoding.
+    """How a request drafts.  kind None, no model and no drafter: plain decoding.
 
     kind: 'model' (the draft `model`), 'prompt-lookup' (n-grams of lookup_ngram_min..max
     tokens; a match of n tokens copies at most lookup_copy_ratio · n of them, 0: n) or
     'hybrid' (lookup where it matches, else the model); drafter: a ready Drafter object
     instead.  n, p, policy: the draft-length policy (policies.make_policy: 'threshold' drafts
     up to n and a model draft stops below confidence p, 'fixed' n, 'adaptive' 1..n).  vocab:
-    the draft model computes logits for ids below it only (None: all)."""
+    the draft model computes logits for ids below it only (0: all).
+
+    Defaults that pay (`auto`): with none of n, p, policy given, a draft model drafts as
+    'hybrid' (prompt lookup where the context repeats itself, the model elsewhere) with the
+    adaptive length in 1..AUTO_N_MAX; with any of them given they mean what llama.cpp's
+    flags mean (threshold policy, n 5, p 0.9 for the ones not given).  vocab None: AUTO_VOCAB
+    for draft vocabularies more than twice as large, else all.  The measurements behind
+    these choices: docs/speculative.md, "Defaults"."""
     kind: str | None = None
     model: Any = None                   # specdec.Model drafting for kind 'model' / 'hybrid'
     drafter: Drafter | None = None
-    n: int = 5
-    p: float = 0.9
-    policy: str | DraftPolicy = "threshold"
+    n: int | None = None
+    p: float | None = None
+    policy: str | DraftPolicy | None = None
     lookup_ngram_min: int = 2
     lookup_ngram_max: int = 16
     lookup_copy_ratio: float = 1.0
@@ -53,18 +65,64 @@ class DraftOptions:
             raise ConfigError(f"--draft must be one of {', '.join(DRAFTER_NAMES)}, got {self.kind!r}")
         if self.drafter is not None and not isinstance(self.drafter, Drafter):
             raise ConfigError(f"a drafter must be a specdec Drafter, got {type(self.drafter).__name__}")
-        check_draft_n(self.n)
-        check_draft_p(self.p)
-        if not (isinstance(self.policy, DraftPolicy) or self.policy in POLICY_NAMES):
+        if self.n is not None:
+            check_draft_n(self.n)
+        if self.p is not None:
+            check_draft_p(self.p)
+        if not (self.policy is None or isinstance(self.policy, DraftPolicy) or self.policy in POLICY_NAMES):
             raise ConfigError(f"--draft-policy must be one of {', '.join(POLICY_NAMES)} or a "
                               f"DraftPolicy, got {self.policy!r}")
         check_lookup_options(self.lookup_ngram_min, self.lookup_ngram_max, self.lookup_copy_ratio)
-        if self.vocab is not None and (int(self.vocab) != self.vocab or self.vocab < 1):
-            raise ConfigError(f"--draft-vocab must be an integer >= 1, got {self.vocab}")
+        if self.vocab is not None and (int(self.vocab) != self.vocab or self.vocab < 0):
+            raise ConfigError(f"--draft-vocab must be an integer >= 1 (0: all ids), got {self.vocab}")
 
     @property
     def enabled(self) -> bool:
-        return self.kind is not None or self.drafter is not None
+        return self.kind is not None or self.drafter is not None or self.model is not None
+
+    @property
+    def auto(self) -> bool:
+        """No draft-length setting was given: the measured defaults apply (class docstring)."""
+        return self.n is None and self.p is None and self.policy is None
+
+    @property
+    def drafter_kind(self) -> str | None:
+        """The drafter `build` makes: kind, or with a draft model and no kind, 'hybrid' under
+        the defaults and 'model' once a length setting is given."""
+        if self.kind is not None or self.model is None:
+            return self.kind
+        return "hybrid" if self.auto else "model"
+
+    def length_policy(self) -> DraftPolicy:
+        """The draft-length policy these options name (class docstring)."""
+        if self.auto:
+            return make_policy("adaptive", AUTO_N_MAX)
+        return make_policy(self.policy or "threshold", SEED_N if self.n is None else self.n,
+                           SEED_P if self.p is None else self.p)
+
+    def draft_vocab(self, model) -> int | None:
+        """Logits the draft `model` computes (None: all of them)."""
+        if self.vocab == 0:
+            return None
+        if self.vocab is not None:
+            return int(self.vocab)
+        n_vocab = int(model.config.n_vocab) if model is not None else 0
+        return AUTO_VOCAB if n_vocab > 2 * AUTO_VOCAB else None
+
+    def with_model(self, model) -> "DraftOptions":
+        """These options drafting with a loaded draft model (-md)."""
+        return replace(self, model=model)
+
+    def describe(self) -> str:
+        """One line for progress output: who drafts and how long (what `build` makes)."""
+        kind = self.drafter_kind or ("drafter" if self.drafter is not None else "none")
+        if not self.enabled:
+            return "none"
+        pol = self.length_policy()
+        how = {"FixedLength": f"fixed {pol.n_max}", "Threshold": f"up to {pol.n_max}, p >= {pol.p_min:g}",
+               "AdaptiveLength": f"adaptive 1..{pol.n_max}"}.get(type(pol).__name__, type(pol).__name__)
+        vocab = self.draft_vocab(self.model) if kind in ("model", "hybrid") else None
+        return f"{kind}, {how}" + (f", draft vocab {vocab}" if vocab else "") + (" (defaults)" if self.auto else "")
 
     @classmethod
     def of(cls, draft, draft_model=None, **fields) -> "DraftOptions":
@@ -77,7 +135,7 @@ class DraftOptions:
         if isinstance(draft, Drafter):
             return cls(drafter=draft, **fields)
         if hasattr(draft, "session"):                   # a Model (api.py sits above this module)
-            return cls(kind="model", model=draft, **fields)
+            return cls(model=draft, **fields)
         raise ConfigError(f"draft= takes a Model, a Drafter, DraftOptions or one of "
                           f"{', '.join(DRAFTER_NAMES)}; got {type(draft).__name__}")
 
@@ -86,11 +144,11 @@ class DraftOptions:
         """(drafter, policy) for requests on target; (None, None) for plain decoding."""
         if not self.enabled:
             return None, None
-        policy = make_policy(self.policy, self.n, self.p)
+        policy = self.length_policy()
         drafter = self.drafter or make_drafter(
-            self.kind, target, params, draft_model=self.model, draft_p=policy.p_min, n_ctx=n_ctx,
+            self.drafter_kind, target, params, draft_model=self.model, draft_p=policy.p_min, n_ctx=n_ctx,
             lookup_ngram_min=self.lookup_ngram_min, lookup_ngram_max=self.lookup_ngram_max,
-            draft_vocab=self.vocab, lookup_copy_ratio=self.lookup_copy_ratio)
+            draft_vocab=self.draft_vocab(self.model), lookup_copy_ratio=self.lookup_copy_ratio)
         return drafter, policy
 
 

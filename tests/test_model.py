@@ -89,13 +89,20 @@ def test_last_only_matches_last_row(tiny_model):
 
 
 def test_weights_are_zero_copy_views(tiny_model):
-    m = tiny_model(SPECS[1])
-    wq = m.weights.layers[0].wq.w
+    """Mapped: the weights are views of the memory map; read (the default when the file
+    fits): views of the one in-memory copy of the file."""
+    import specdec
+    mapped = specdec.load(tiny_model(SPECS[1]).path, mmap=True)
+    wq = mapped.weights.layers[0].wq.w
     base = wq
     while base.base is not None and not isinstance(base, np.memmap):
         base = base.base
     assert isinstance(base, np.memmap), type(base)
     assert not wq.flags.owndata
+    m = tiny_model(SPECS[1])
+    assert m.gguf.in_memory
+    wq = m.weights.layers[0].wq.w
+    assert not wq.flags.owndata and np.shares_memory(wq, m.gguf._mm)
 
 
 def test_config_from_metadata(tiny_model):
@@ -115,13 +122,11 @@ def test_no_mmap_reads_one_copy_with_the_same_logits(tiny_model, spec):
     table is not), and the logits are bitwise those of the mapped file."""
     import specdec
     from specdec.kernels import repack
-    m = tiny_model(spec)
+    m = specdec.load(tiny_model(spec).path, n_ctx=tiny_model(spec).n_ctx, mmap=True)
     c = specdec.load(m.path, n_ctx=m.n_ctx, mmap=False)
     wq = c.weights.layers[0].wq
-    base = wq.w
-    while base.base is not None:
-        base = base.base
-    assert not isinstance(base, np.memmap) and base.size == c.gguf.file_size
+    assert c.gguf.in_memory and not m.gguf.in_memory
+    assert np.shares_memory(wq.w, c.gguf._mm) and c.gguf._mm.size == c.gguf.file_size
     assert not wq.w.flags.writeable and not c.gguf._mm.flags.writeable
     legacy = spec.qtype in (T.Q8_0, T.Q4_1)
     assert (wq.qtype == repack.REPACKED.get(spec.qtype)) == legacy and wq.w.shape == m.weights.layers[0].wq.w.shape

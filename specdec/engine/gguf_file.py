@@ -1,7 +1,9 @@
 """GGUF reader over a memory map: metadata parsed once, tensors as zero-copy views.
 
 With ``mmap=False`` the file is read once into process memory instead (llama.cpp's
-``--no-mmap``) and the tensors are views of that copy: weights stay quantized either way.
+``--no-mmap``; memory advised for transparent huge pages) and the tensors are views of that
+copy: weights stay quantized either way.  ``mmap=None`` (what `specdec.load` passes by
+default) reads the file when it takes at most half of the available memory (`should_map`).
 Why offer it: reading mapped page-cache pages can be much slower than reading anonymous
 memory on some hosts (one VM measured 15 GB/s against 26 GB/s for the same bytes, which
 made decoding the 1.5B 1.85x slower), and it is the host, not the file, that decides.
@@ -21,6 +23,7 @@ quant-type constants, and the block sizes, come from the ``gguf`` package.
 """
 from __future__ import annotations
 
+import mmap as _mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -30,6 +33,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import GGUFError
+from . import resources
 from .resources import check_fits
 
 GGUF_MAGIC = b"GGUF"
@@ -45,16 +49,43 @@ _SCALAR = {  # value type -> (struct format, numpy dtype)
 }
 
 
-def _read_all(path: str) -> np.ndarray:
-    """(file_size,) uint8, read-only: the whole file in anonymous process memory."""
+def read_into_memory(path: str) -> np.ndarray:
+    """(file_size,) uint8, read-only: the whole file in anonymous process memory, advised
+    for transparent huge pages (MADV_HUGEPAGE, where the kernel has it) so that streaming the
+    weights walks 2 MiB pages instead of 4 KiB ones."""
+    size = os.path.getsize(path)
     try:
-        data = np.fromfile(path, dtype=np.uint8)
-    except MemoryError:
-        raise GGUFError(f"{path}: not enough memory to read the file (try without --no-mmap)") from None
+        buf = _mmap.mmap(-1, max(size, 1), flags=_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS)
+    except (OSError, MemoryError, OverflowError):
+        raise GGUFError(f"{path}: not enough memory to read the file (try --mmap)") from None
+    if hasattr(buf, "madvise") and hasattr(_mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(_mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass                                    # no THP here: ordinary pages
+    view, done = memoryview(buf), 0
+    try:
+        with open(path, "rb", buffering=0) as f:
+            while done < size:
+                n = f.readinto(view[done: done + (64 << 20)])
+                if not n:
+                    raise GGUFError(f"{path}: file shrank while being read")
+                done += n
     except OSError as e:
         raise GGUFError(f"{path}: cannot read ({e.strerror or e})") from None
+    finally:
+        view.release()
+    data = np.frombuffer(buf, dtype=np.uint8, count=size)
     data.setflags(write=False)
     return data
+
+
+def should_map(file_size: int, available: int | None) -> bool:
+    """The default load (mmap=None): read the file into memory when it takes at most half of
+    the memory available now, map it otherwise (and where that is unknown).  On the machines measured, decoding from
+    process memory is faster than from mapped page-cache pages (docs/architecture.md, "Mapped
+    or in memory"), and only an in-memory copy can hold the repacked legacy-quant layers."""
+    return available is None or file_size > available // 2
 
 
 @dataclass(frozen=True)
@@ -143,7 +174,7 @@ class GGUFFile:
         float32 (…, K) for F32, float16 (…, K) for F16, uint8 (rows, row_bytes) otherwise.
     """
 
-    def __init__(self, path: str | os.PathLike, mmap: bool = True):
+    def __init__(self, path: str | os.PathLike, mmap: bool | None = True):
         self.path = str(path)
         p = Path(path)
         if not p.exists():
@@ -153,10 +184,12 @@ class GGUFFile:
         self.file_size = p.stat().st_size
         if self.file_size < 24:
             raise GGUFError(f"{self.path}: not a GGUF file ({self.file_size} bytes, too short)")
-        if not mmap:
+        if mmap is None:                              # the default of load(): whatever is faster
+            mmap = should_map(self.file_size, resources.available_bytes())
+        elif not mmap:
             check_fits(self.file_size, f"{self.path}: reading the file into memory (--no-mmap)",
-                       "load it mapped (without --no-mmap)")
-        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if mmap else _read_all(self.path)
+                       "load it mapped (--mmap)")
+        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if mmap else read_into_memory(self.path)
         self.metadata, self.tensors, self.data_start = self._parse(memoryview(self._mm))
 
     def _parse(self, buf):

@@ -53,19 +53,94 @@ Log = Callable[[str], None]
 
 # ---- facts and files -------------------------------------------------------------------------
 
-def machine_info() -> dict:
-    cpu = "?"
+LLAMACPP_VERSION = "0.3.36"      # the llama-cpp-python sdist benchmarks/build_llamacpp.sh builds
+
+
+def llamacpp_dir(version: str = LLAMACPP_VERSION) -> Path:
+    """Where benchmarks/build_llamacpp.sh puts its native build (bin/, build.json)."""
+    cache = os.environ.get("SPECDEC_CACHE") or os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec"
+    return Path(cache) / f"llama.cpp-{version}"
+
+
+def llamacpp_build(folder: Path | None = None) -> dict | None:
+    """The native llama.cpp build's build.json (version, commit, cmake options; its CPU flags
+    dropped: the machine section has them), or None when it was not built here."""
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+        build = json.loads(((folder or llamacpp_dir()) / "build.json").read_text())
+    except (OSError, ValueError):
+        return None
+    build.pop("cpu_flags", None)
+    return build
+
+
+def llamacpp_bench(path: str, n_pp: int, n_tg: int, repeats: int, mmap: bool = True,
+                   threads: int | None = None, folder: Path | None = None) -> dict | None:
+    """llama-bench of the native build (benchmarks/build_llamacpp.sh) on one file:
+    {'pp_tok_s', 'tg_tok_s'} (means over `repeats`), or None when it is not built here or fails.
+    Same threads as the Numba kernels unless told; mmap False -> its --load-mode none."""
+    import subprocess
     import numba
-    return {"cpu": cpu, "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
+    exe = (folder or llamacpp_dir()) / "bin" / "llama-bench"
+    if not exe.exists():
+        return None
+    cmd = [str(exe), "-m", path, "-t", str(threads or numba.get_num_threads()), "-p", str(n_pp),
+           "-n", str(n_tg), "-r", str(max(repeats, 1)), "-o", "json"] + ([] if mmap else ["-lm", "none"])
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        rows = json.loads(r.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    pp = [x["avg_ts"] for x in rows if x.get("n_prompt") == n_pp and not x.get("n_gen")]
+    tg = [x["avg_ts"] for x in rows if x.get("n_gen") == n_tg and not x.get("n_prompt")]
+    if not pp or not tg:
+        return None
+    return {"pp_tok_s": round(pp[0], 2), "tg_tok_s": round(tg[0], 2), "command": cmd}
+
+
+def llamacpp_forward_ms(path: str, ms: Sequence[int], depth: int = 128, repeats: int = 3,
+                        mmap: bool = True, threads: int | None = None,
+                        folder: Path | None = None) -> dict[int, float] | None:
+    """Milliseconds of one forward pass over M tokens after `depth` cached ones, for each M,
+    from llama-bench of the native build (`-p M -n 0 -d depth`; its prompt pass computes the
+    last row's logits only, so for M > 1 this is a lower bound on what verification, which
+    needs every row's, costs llama.cpp).  None when it is not built here or fails."""
+    import subprocess
+    import numba
+    exe = (folder or llamacpp_dir()) / "bin" / "llama-bench"
+    if not exe.exists():
+        return None
+    cmd = [str(exe), "-m", path, "-t", str(threads or numba.get_num_threads()),
+           "-p", ",".join(str(m) for m in ms), "-n", "0", "-d", str(depth), "-r", str(max(repeats, 1)),
+           "-o", "json"] + ([] if mmap else ["-lm", "none"])
+    try:
+        rows = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=3600).stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    got = {int(x["n_prompt"]): 1e3 * int(x["n_prompt"]) / x["avg_ts"] for x in rows
+           if x.get("n_prompt") and not x.get("n_gen") and x.get("avg_ts")}
+    return got if set(got) >= set(ms) else None
+
+
+def machine_info() -> dict:
+    """Where a benchmark ran: the CPU (model, vendor, family, flags, the kernel paths chosen
+    for it: specdec.kernels.cpu), cores and threads, memory bandwidth when
+    benchmarks/bandwidth.py measured it, the native llama.cpp build when there is one, versions
+    and the date.  Every benchmark JSON carries it."""
+    import numba
+    from ..kernels import cpu
+    info = {**cpu.describe(), "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
             "python": platform.python_version(), "numba": numba.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    for p in (Path("bench-results") / "bandwidth.json",
+              Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "bandwidth.json"):
+        try:
+            bw = json.loads(p.read_text())
+            info["bandwidth_gbs"] = {k: bw[k] for k in ("single_thread_gbs", "all_threads_gbs") if k in bw}
+            break
+        except (OSError, ValueError, KeyError):
+            pass
+    info["llama_cpp_build"] = llamacpp_build()
+    return info
 
 
 def write_json(path: Path, obj) -> None:
@@ -100,7 +175,7 @@ def _warm(model) -> float:
 # ---- decode ----------------------------------------------------------------------------------
 
 def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: int = 3,
-                       llama: dict | None = None, mmap: bool = True) -> dict:
+                       llama: dict | None = None, mmap: bool | None = None) -> dict:
     """One model's row.  llama: llama.cpp's {'pp_tok_s', 'tg_tok_s'} measured earlier in the
     run for the same file (an ':q8' row after its base); else measured here when
     llama-cpp-python is installed (with the same mmap setting), else MODELS.md's figures."""
@@ -127,10 +202,16 @@ def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: i
     wb = weight_bytes_per_token(m)
     ref = LLAMACPP.get(base_id, {})
     source = "MODELS.md"
-    live = llama if llama is not None else llamacpp.decode(m.path, prompt, n_tg, repeats, mmap=mmap)
+    mmap = not m.gguf.in_memory                # what the default chose; llama.cpp does the same
+    live, how = llama, "earlier in this run"
+    if live is None:
+        live, how = llamacpp_bench(m.path, n_pp, n_tg, repeats, mmap=mmap), "llama-bench, native build"
+    if live is None:
+        live, how = (llamacpp.decode(m.path, prompt, n_tg, repeats, mmap=mmap),
+                     f"llama-cpp-python {llamacpp.version()}")
     if live is not None:                  # llama.cpp in this run, same file, same threads
         ref = {"pp64": live["pp_tok_s"], "tg64": live["tg_tok_s"]}
-        source = f"measured in this run (llama-cpp-python {llamacpp.version()})"
+        source = f"measured in this run ({live.get('how', how)})"
     return {"model": model_id, "mmap": mmap, "load_s": round(load_s, 2), "compile_or_warm_s": round(warm_s, 2),
             "pp64_tok_s": round(pp_best, 2), "tg64_tok_s": round(tg_best, 2),
             "weight_bytes_per_token": wb, "tg_gb_s": round(wb * tg_best / 1e9, 2),
@@ -141,7 +222,7 @@ def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: i
 
 
 def bench_decode(models: Sequence[str], out_dir: Path, repeats: int = 3, log: Log = print,
-                 mmap: bool = True) -> dict:
+                 mmap: bool | None = None) -> dict:
     """decode.json (+ roofline fractions when out_dir holds bandwidth.json)."""
     bw = roofline(Path(out_dir))
     rows, live = [], {}
@@ -149,7 +230,8 @@ def bench_decode(models: Sequence[str], out_dir: Path, repeats: int = 3, log: Lo
         base = mid.partition(":")[0]
         r = bench_decode_model(mid, repeats=repeats, llama=live.get(base), mmap=mmap)
         if r["llamacpp_source"] and r["llamacpp_source"].startswith("measured"):
-            live[base] = {"pp_tok_s": r["llamacpp_pp64_tok_s"], "tg_tok_s": r["llamacpp_tg64_tok_s"]}
+            live[base] = {"pp_tok_s": r["llamacpp_pp64_tok_s"], "tg_tok_s": r["llamacpp_tg64_tok_s"],
+                          "how": r["llamacpp_source"][len("measured in this run ("):-1]}
         if bw:
             r["roofline_fraction"] = round(r["tg_gb_s"] / bw["all_threads_gbs"], 3)
         rows.append(r)
@@ -164,7 +246,7 @@ def bench_decode(models: Sequence[str], out_dir: Path, repeats: int = 3, log: Lo
 
 def bench_pair(target_id: str, draft_id: str, n_predict: int = 64,
                draft_ns: Sequence[int] = (2, 4, 6), repeats: int = 1,
-               prompts: Sequence[str] = PROMPTS, log: Log = print, mmap: bool = True) -> dict:
+               prompts: Sequence[str] = PROMPTS, log: Log = print, mmap: bool | None = None) -> dict:
     """Plain vs speculative greedy generation, per prompt and draft length."""
     import specdec
     target, draft = specdec.load(target_id, mmap=mmap), specdec.load(draft_id, mmap=mmap)
@@ -220,7 +302,7 @@ def _best(fn, repeats: int):
 
 def bench_speculative(pairs: Sequence[tuple[str, str]], out_dir: Path, n_predict: int = 64,
                       draft_ns: Sequence[int] = (2, 4, 6), repeats: int = 1,
-                      log: Log = print, mmap: bool = True) -> dict:
+                      log: Log = print, mmap: bool | None = None) -> dict:
     result = {"machine": machine_info(), "prompts": list(PROMPTS), "mmap": mmap,
               "pairs": [bench_pair(t, d, n_predict, draft_ns, repeats, log=log, mmap=mmap)
                         for t, d in pairs]}
@@ -280,7 +362,7 @@ def plot_speculative(result: dict, path: Path) -> Path:
 SCRIPTS = ("speculative", "drafters", "replay")   # replay reads the drafters.json of the same folder
 
 
-def run_script(name: str, out_dir: Path, log: Log = print, mmap: bool = True) -> None:
+def run_script(name: str, out_dir: Path, log: Log = print, mmap: bool | None = None) -> None:
     """benchmarks/NAME.py of a source checkout, with its own defaults, into out_dir."""
     import subprocess
     import sys
@@ -289,7 +371,7 @@ def run_script(name: str, out_dir: Path, log: Log = print, mmap: bool = True) ->
     if name not in SCRIPTS or not script.is_file():
         raise ConfigError(f"--scripts {name}: needs benchmarks/{name}.py of a source checkout")
     # the script runs in benchmarks/: a relative out_dir would land there, not where asked
-    args = [str(script), "--out", str(Path(out_dir).resolve())] + ([] if mmap else ["--no-mmap"])
+    args = [str(script), "--out", str(Path(out_dir).resolve())] + ([] if mmap is not False else ["--no-mmap"])
     log(f"running {' '.join(args)}")
     r = subprocess.run([sys.executable, *args], cwd=script.parent)
     if r.returncode:
@@ -302,7 +384,7 @@ def default_out_dir() -> Path:
 
 def run(out_dir: Path, models: Sequence[str] = (), pairs: Sequence[tuple[str, str]] = (),
         n_predict: int = 64, draft_ns: Sequence[int] = (2, 4, 6), repeats: int = 1,
-        scripts: Sequence[str] = (), log: Log = print, mmap: bool = True) -> list[Path]:
+        scripts: Sequence[str] = (), log: Log = print, mmap: bool | None = None) -> list[Path]:
     """Everything `specdec bench` does; returns the files written."""
     from .report import pyplot
     pyplot()                                               # fail before hours of benchmarking

@@ -51,8 +51,8 @@ class Conversation:
     def __init__(self, model: "Model", *, system: str | None = None, draft=None,
                  n_ctx: int | None = None, temperature: float = 0.0, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None,
-                 ignore_eos: bool = False, draft_n: int = 5, draft_p: float = 0.9,
-                 draft_policy="threshold", draft_model=None, draft_vocab: int | None = None,
+                 ignore_eos: bool = False, draft_n: int | None = None, draft_p: float | None = None,
+                 draft_policy=None, draft_model=None, draft_vocab: int | None = None,
                  **lookup):
         self.model = model
         self.system = system

@@ -18,7 +18,6 @@ import argparse
 import sys
 import time
 from collections import Counter
-from dataclasses import replace
 
 from .. import hub
 from .console import COLORS, RESET, detail_lines, summary_line
@@ -65,33 +64,41 @@ def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
                    help=f"target model: a GGUF path or a known id (default: {hub.DEFAULT_TARGET})")
     g.add_argument("-md", "--draft-model", "--model-draft", default=None, metavar="FNAME",
                    help="draft model (path or known id) for speculative decoding")
-    g.add_argument("--draft-n", "--draft-max", "--spec-draft-n-max", dest="draft_n", type=int, default=5,
+    g.add_argument("--draft-n", "--draft-max", "--spec-draft-n-max", dest="draft_n", type=int, default=None,
                    metavar="N",
-                   help=f"tokens drafted per step, 1..{DRAFT_N_MAX} (default: 5)")
-    g.add_argument("--draft-p", "--draft-p-min", dest="draft_p", type=float, default=0.9, metavar="P",
-                   help="stop drafting when the draft's top probability is below this (default: 0.9)")
+                   help=f"tokens drafted per step, 1..{DRAFT_N_MAX} (5 when --draft-p or --draft-policy "
+                        "is given; default: the adaptive length in 1..8, see --draft)")
+    g.add_argument("--draft-p", "--draft-p-min", dest="draft_p", type=float, default=None, metavar="P",
+                   help="stop drafting when the draft's top probability is below this (0.9 when "
+                        "--draft-n is given; default: the adaptive length)")
     g.add_argument("--draft", default=None, choices=("model", "prompt-lookup", "hybrid"),
-                   help="who drafts: the -md model (default with -md), prompt-lookup (copies what "
-                        "followed the last n-gram earlier in the text), hybrid (lookup, else -md)")
-    g.add_argument("--draft-policy", default="threshold", choices=("fixed", "threshold", "adaptive"),
-                   help="draft length: threshold (up to --draft-n, stop below --draft-p), fixed "
-                        "(--draft-n), adaptive (1..--draft-n from measured acceptance and costs)")
+                   help="who drafts: the -md model, prompt-lookup (copies what followed the last "
+                        "n-gram earlier in the text), hybrid (lookup, else -md). Default with -md: "
+                        "hybrid with the adaptive length 1..8, or the model once --draft-n, "
+                        "--draft-p or --draft-policy is given")
+    g.add_argument("--draft-policy", default=None, choices=("fixed", "threshold", "adaptive"),
+                   help="draft length: threshold (up to --draft-n, stop below --draft-p; the default "
+                        "once --draft-n or --draft-p is given), fixed (--draft-n), adaptive (1..--draft-n "
+                        "from measured acceptance and costs)")
     g.add_argument("--lookup-ngram-min", type=int, default=2, help="prompt lookup: shortest n-gram matched (default: 2)")
     g.add_argument("--lookup-ngram-max", type=int, default=16, help="prompt lookup: longest n-gram matched (default: 16)")
     g.add_argument("--lookup-copy-ratio", type=float, default=1.0, metavar="R",
                    help="prompt lookup: a match of n tokens copies at most R*n tokens (0: --draft-n; default: 1)")
     g.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="the draft model computes logits for token ids < N only: a cheaper draft "
-                        "over the common tokens, same output law (default: all)")
+                        "over the common tokens, same output law (0: all; default: 32768 for "
+                        "vocabularies over 65536 ids, else all)")
     g.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N", help="context size (default: min(4096, trained))")
     g.add_argument("-t", "--threads", type=int, default=0, metavar="N",
                    help="threads of the Numba kernels (default: all cores)")
     g.add_argument("--activations", default="auto", choices=("auto", "q8", "float"),
                    help="matmul inputs: q8 rounds them to 8 bits per block like llama.cpp (faster), "
                         "float keeps them exact; auto: float for gemma3, q8 otherwise")
-    g.add_argument("--no-mmap", action="store_true",
-                   help="read the model files into memory instead of mapping them (faster decoding "
-                        "where mapped page-cache reads are slow; costs a copy and load time)")
+    g.add_argument("--mmap", dest="mmap", action="store_true", default=None,
+                   help="map the model files (nothing copied; what llama-cli does by default)")
+    g.add_argument("--no-mmap", dest="mmap", action="store_false", default=None,
+                   help="read the model files into memory (default: read when a file takes at most "
+                        "half the available memory, map it otherwise)")
     g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None, metavar="N",
                    help="accepted for llama-cli compatibility; specdec runs on the CPU")
     if serve:
@@ -199,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-speculative", action="store_true", help="skip the speculative benchmark")
     p.add_argument("-t", "--threads", type=int, default=0, help="Numba threads (default: all cores)")
     p.add_argument("--no-mmap", action="store_true",
-                   help="read the model files into memory instead of mapping them (llama.cpp too)")
+                   help="read the model files into memory (llama.cpp too; default: specdec's own choice, "
+                        "which llama.cpp then follows)")
     p.add_argument("--scripts", nargs="+", default=(), choices=("speculative", "drafters", "replay"),
                    help="also run these benchmarks/*.py of a source checkout (their own defaults; long)")
     p = sub.add_parser("info", help="describe a GGUF model")
@@ -238,7 +246,7 @@ def _draft_options(a):
                         lookup_copy_ratio=a.lookup_copy_ratio, vocab=a.draft_vocab)
 
 
-def _load(name: str, n_ctx: int, activations: str = "auto", mmap: bool = True):
+def _load(name: str, n_ctx: int, activations: str = "auto", mmap: bool | None = None):
     from ..api import load
     t0 = time.perf_counter()
     _progress(f"specdec: loading {name} ...")
@@ -272,10 +280,12 @@ def cmd_run(a) -> int:
             raise ConfigError(f"--file {a.file}: {e.strerror}") from None
     else:
         prompt = a.prompt if a.prompt is not None else ""
-    target = _load(a.model, a.ctx_size, a.activations, not a.no_mmap)
-    draft = _load(a.draft_model, a.ctx_size, a.activations, not a.no_mmap) if a.draft_model else None
+    target = _load(a.model, a.ctx_size, a.activations, a.mmap)
+    draft = _load(a.draft_model, a.ctx_size, a.activations, a.mmap) if a.draft_model else None
     if draft is not None:                               # -md alone drafts with the model
-        options = replace(options, kind=options.kind or "model", model=draft)
+        options = options.with_model(draft)
+    if options.enabled:
+        _progress(f"specdec: drafting: {options.describe()}")
     if a.conversation:
         return _chat(a, target, options, first=prompt or None)
     text, chat = _model_prompt(a, target, prompt)
@@ -385,7 +395,7 @@ def cmd_bench(a) -> int:
     out_dir = a.out or bench.default_out_dir()
     _progress(f"specdec: benchmark results go to {out_dir}/")
     for path in bench.run(out_dir, models, pairs, n_predict=a.n_predict, draft_ns=a.draft_n,
-                          repeats=a.repeats, scripts=a.scripts, log=_progress, mmap=not a.no_mmap):
+                          repeats=a.repeats, scripts=a.scripts, log=_progress, mmap=False if a.no_mmap else None):
         print(path)
     return 0
 

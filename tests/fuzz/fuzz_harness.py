@@ -136,10 +136,5 @@ def _gist(msg: str, path: str) -> str:
 
 
 def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+    from specdec.kernels.cpu import host
+    return host().model_name

@@ -4,7 +4,6 @@ commands do not import FastAPI)."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 from specdec.errors import ConfigError
 from specdec.sampling import SamplerParams
@@ -30,12 +29,12 @@ def serve(a, *, load, draft_options, set_threads, log) -> int:
     caps = DraftCaps.parse(a.draft_caps, a.lookup_caps)
     if a.threads:
         set_threads(a.threads)
-    target = load(a.model, a.ctx_size, a.activations, not a.no_mmap)
-    draft = load(a.draft_model, a.ctx_size, a.activations, not a.no_mmap) if a.draft_model else None
+    target = load(a.model, a.ctx_size, a.activations, a.mmap)
+    draft = load(a.draft_model, a.ctx_size, a.activations, a.mmap) if a.draft_model else None
     if draft is not None:                               # -md alone drafts with the model
         from specdec.speculation.compat import check_compatible
         check_compatible(target.tokenizer, draft.tokenizer, target.name, draft.name)
-        options = replace(options, kind=options.kind or "model", model=draft)
+        options = options.with_model(draft)
     elif options.kind in ("model", "hybrid"):
         raise ConfigError(f"--draft {options.kind} needs a draft model (-md)")
     scheduler = Scheduler(target, n_parallel=a.parallel, n_ctx=a.ctx_size or None, draft=options,
@@ -47,6 +46,6 @@ def serve(a, *, load, draft_options, set_threads, log) -> int:
     config = ServeConfig(tuple(ids), params, a.n_predict, None if a.seed in (None, -1) else a.seed,
                          draft)
     log(f"specdec: {a.parallel} slots of {scheduler.n_ctx} tokens, drafting: "
-        f"{options.kind or 'none'}" + (f" (n {options.n}, {options.policy})" if options.enabled else "")
+        f"{options.describe()}"
         + f"; greedy draft caps by batch size: model {caps.table}, prompt lookup {caps.lookup}")
     return run_server(create_app(scheduler, config), a.host, a.port, log=log)

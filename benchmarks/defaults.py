@@ -1,0 +1,115 @@
+"""Do the defaults pay?  Greedy speculative generation on the Qwen pair with no drafting
+flags at all (`generate(draft=draft_model)`, i.e. `specdec run -md DRAFT`) against the target
+alone, and against llama.cpp's flags given explicitly (--draft-n 5 --draft-p 0.9), prompt by
+prompt in one process.
+
+Each request is the prompt plus up to --n-predict (160) tokens, timed from the call to its
+return (prefill included, as a user waits for it): speedup = plain seconds / speculative
+seconds for the same prompt, and the greedy ids must be identical.  Sets: the code-editing
+and fresh-code prompts of benchmarks/prompts/ and the README's two examples.  Both models
+are loaded with the default load (read into memory when they fit, see gguf_file.should_map)
+unless --mmap; every kernel path is warmed before any timing.
+
+    python benchmarks/defaults.py --out benchmarks/results            # the real run
+    python benchmarks/defaults.py --prompts 1 --n-predict 16 --out /tmp/x   # smoke
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import specdec
+from common import QWEN_DRAFT, QWEN_TARGET, completion_row, load_prompts, machine_info, warm_up, write_json
+
+README_PROMPTS = ("Write a quicksort in Python.",
+                  "Write a Python function that checks whether a number is prime.")
+CONFIGS = {
+    "plain": {},
+    "defaults": {"draft": "DRAFT"},
+    "llama.cpp flags": {"draft": "DRAFT", "draft_n": 5, "draft_p": 0.9},
+}
+
+
+def prompts(target, sets: list[str], limit: int | None) -> list[dict]:
+    rows = []
+    for name in sets:
+        if name == "readme":
+            rows += [{"id": f"readme_{i}", "kind": "readme",
+                      "prompt": target.chat_prompt([{"role": "user", "content": t}])}
+                     for i, t in enumerate(README_PROMPTS)]
+        else:
+            rows += load_prompts(name)
+    if limit:
+        by_kind: dict[str, list] = {}
+        for r in rows:
+            by_kind.setdefault(r["kind"], []).append(r)
+        rows = [r for rs in by_kind.values() for r in rs[:limit]]
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sets", nargs="+", default=["code_editing", "fresh_code", "readme"])
+    ap.add_argument("--prompts", type=int, default=None, help="at most this many prompts per set")
+    ap.add_argument("--n-predict", type=int, default=160)
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--mmap", action="store_true", help="map both files (default: specdec's default load)")
+    ap.add_argument("--out", default="bench-results")
+    a = ap.parse_args(argv)
+    mmap = True if a.mmap else None
+    target = specdec.load(QWEN_TARGET, n_ctx=2048, mmap=mmap)
+    draft = specdec.load(QWEN_DRAFT, n_ctx=2048, mmap=mmap)
+    warm_s = warm_up(target, draft)
+    draft.session(32, n_logits=32768).eval([1, 2, 3])        # the trimmed-head draft path
+    rows = prompts(target, a.sets, a.prompts)
+    runs = []
+    for r in rows:
+        ids = target.tokenize(r["prompt"])
+        row = {"id": r["id"], "kind": r["kind"], "n_prompt": len(ids), "configs": {}}
+        for name in a.configs:
+            kw = {k: (draft if v == "DRAFT" else v) for k, v in CONFIGS[name].items()}
+            t = time.perf_counter()
+            out = target.generate(ids, a.n_predict, **kw)
+            wall = time.perf_counter() - t
+            row["configs"][name] = dict(completion_row(out), wall_s=round(wall, 3),
+                                        wall_tok_s=round(len(out.ids) / wall, 3), ids=out.ids)
+        plain = row["configs"].get("plain")
+        for name, c in row["configs"].items():
+            if plain and name != "plain":
+                c["speedup"] = round(plain["wall_s"] / c["wall_s"], 3)
+                c["same_ids"] = c["ids"] == plain["ids"]
+        print(f"{r['id']:24s} " + "  ".join(
+            f"{n} {c['wall_tok_s']:.1f} tok/s" + (f" ({c['speedup']:.2f}x)" if "speedup" in c else "")
+            for n, c in row["configs"].items()), flush=True)
+        runs.append(row)
+    summary: dict = {}
+    for kind in dict.fromkeys(r["kind"] for r in runs):
+        ks = [r for r in runs if r["kind"] == kind]
+        s = summary.setdefault(kind, {})
+        for name in a.configs:
+            wall = sum(r["configs"][name]["wall_s"] for r in ks)
+            tok = sum(r["configs"][name]["n_tokens"] for r in ks)
+            s[name] = {"tok_s": round(tok / wall, 3), "wall_s": round(wall, 2)}
+            if name != "plain" and "plain" in a.configs:
+                sp = [r["configs"][name]["speedup"] for r in ks]
+                s[name].update(speedup=round(sum(r["configs"]["plain"]["wall_s"] for r in ks) / wall, 3),
+                               min_speedup=min(sp), all_same_ids=all(r["configs"][name]["same_ids"] for r in ks))
+    for r in runs:                                             # ids checked; keep the JSON small
+        for c in r["configs"].values():
+            c.pop("ids")
+    result = {"machine": machine_info(), "target": QWEN_TARGET, "draft": QWEN_DRAFT,
+              "n_predict": a.n_predict, "warm_up_s": round(warm_s, 2),
+              "load": "mapped" if a.mmap else ("in memory" if target.gguf.in_memory else "mapped"),
+              "configs": {k: {kk: ("draft model" if vv == "DRAFT" else vv) for kk, vv in v.items()}
+                          for k, v in CONFIGS.items() if k in a.configs},
+              "summary": summary, "runs": runs}
+    write_json(Path(a.out) / "defaults.json", result)
+    for kind, s in summary.items():
+        print(f"{kind:14s} " + "  ".join(f"{n} {v['tok_s']:.1f} tok/s"
+                                         + (f" {v['speedup']:.2f}x (min {v['min_speedup']:.2f}x)" if "speedup" in v else "")
+                                         for n, v in s.items()))
+
+
+if __name__ == "__main__":
+    main()
