@@ -18,6 +18,7 @@ from .speculation.drafters import Drafter
 from .errors import ConfigError, GGUFError
 from .engine.gguf_file import GGUFFile
 from .engine.model import ModelSession, Weights
+from .engine.requant import Requant
 from .speculation.policies import DraftPolicy
 from .request import Completion, DraftOptions, Runner
 from .sampling import SamplerParams
@@ -33,7 +34,7 @@ class Model:
     or memory-mapped (mmap=, see `load`)."""
 
     def __init__(self, path: str | os.PathLike, n_ctx: int | None = None, activations: str = "auto",
-                 mmap: bool | None = None):
+                 mmap: bool | None = None, requant: Requant | None = None):
         self.path = str(path)
         self.name = os.path.basename(self.path)
         self.gguf = GGUFFile(path, mmap=mmap)
@@ -42,7 +43,8 @@ class Model:
         if self.tokenizer.n_vocab > self.config.n_vocab:
             raise GGUFError(f"{self.path}: the vocabulary has {self.tokenizer.n_vocab} tokens but "
                             f"token_embd.weight only {self.config.n_vocab} rows")
-        self.weights = Weights.from_gguf(self.gguf, self.config, activations)
+        self.requant = requant          # what was converted at load (None: weights as stored)
+        self.weights = Weights.from_gguf(self.gguf, self.config, activations, requant)
         self.n_ctx = int(n_ctx or min(DEFAULT_N_CTX, self.config.n_ctx_train))
 
     def __repr__(self) -> str:
@@ -118,7 +120,8 @@ class Model:
 
 
 def load(path_or_id: str | os.PathLike, n_ctx: int | None = None, download: bool = True,
-         progress: bool = True, activations: str = "auto", mmap: bool | None = None) -> Model:
+         progress: bool = True, activations: str = "auto", mmap: bool | None = None,
+         requant: str | None = None, requant_head: str | None = None) -> Model:
     """Load a GGUF file, or a known model id (fetched into the model cache on first use).
 
     activations: "q8" (round matmul inputs to 8 bits per block, as llama.cpp), "float" (keep
@@ -128,6 +131,10 @@ def load(path_or_id: str | os.PathLike, n_ctx: int | None = None, download: bool
     into the 8-row records of kernels/repack.py (faster to read, same results bit for bit);
     None (default) reads it when it takes at most half the available memory and maps it
     otherwise (gguf_file.should_map): decoding from memory is the faster on every host
-    measured (docs/architecture.md, "Mapped or in memory")."""
+    measured (docs/architecture.md, "Mapped or in memory").
+    requant / requant_head: 'q4_0', 'q5_0' or 'q8_0': convert the layers' matmul weights / the
+    output head at load, in memory, into that format where it is narrower than the stored
+    one (engine/requant.py; a cheaper draft model: the speculative output law is unchanged)."""
+    spec = Requant.of(requant, requant_head)                  # checked before any download
     return Model(hub.resolve(str(path_or_id), download=download, progress=progress), n_ctx=n_ctx,
-                 activations=activations, mmap=mmap)
+                 activations=activations, mmap=mmap, requant=spec)

@@ -23,6 +23,7 @@ from ..errors import ConfigError, GGUFError, NumericalError, UnsupportedModelErr
 from .gguf_file import GGUFFile
 from ..interfaces import Session
 from .kv_cache import KVCache
+from .requant import Requant, convert, narrows
 
 
 @dataclass(frozen=True)
@@ -70,11 +71,14 @@ class Weights:
     output: Linear                   # (D) -> (V); the embedding table when tied
 
     @classmethod
-    def from_gguf(cls, gf: GGUFFile, cfg: ModelConfig, activations: str = "auto") -> "Weights":
+    def from_gguf(cls, gf: GGUFFile, cfg: ModelConfig, activations: str = "auto",
+                  requant: Requant | None = None) -> "Weights":
         """activations: "q8" rounds each matmul's input to 8 bits per block as llama.cpp does
         (faster); "float" keeps the layers' activations in float32 (the output head always
         rounds); "auto" is "float" for gemma3, whose post-norms make the rounding chaotic
-        (kernels/float_act.py), and "q8" otherwise."""
+        (kernels/float_act.py), and "q8" otherwise.
+        requant: convert the layers' matmul weights and/or the output head into a narrower
+        format in process memory (engine/requant.py); the embedding lookup table stays."""
         if activations not in ("auto", "q8", "float"):
             raise ConfigError(f"activations must be 'auto', 'q8' or 'float', not {activations!r}")
         float_act = activations == "float" or (activations == "auto" and cfg.arch == "gemma3")
@@ -89,14 +93,20 @@ class Weights:
         def opt_vec(name, n):
             return vec(name, n) if name in gf.tensors else None
 
-        def lin(name, n_in, n_out, bias=False, exact=False, table=False):
+        def lin(name, n_in, n_out, bias=False, exact=False, table=False, head=False):
             t = _info(gf, name, (n_in, n_out))
             if t.ggml_type not in kernels.SUPPORTED_TYPES:
                 raise UnsupportedModelError(
                     f"{gf.path}: tensor {name!r} has unsupported type {t.type_name}")
             b = opt_vec(name.replace(".weight", ".bias"), n_out) if bias else None
             w, qtype = gf.tensor(name), t.ggml_type
-            if gf.in_memory and not exact and not table and repack.can_repack(qtype, n_out):
+            dst = None if requant is None or (table and not head) else requant.target_for(name)
+            if narrows(qtype, dst):
+                # a new array in process memory: repacked below like an in-memory file's
+                w, qtype = convert(w, qtype, dst, n_in), dst
+                if not exact and repack.can_repack(qtype, n_out):
+                    w, qtype = repack.repack(w, qtype), repack.REPACKED[qtype]
+            elif gf.in_memory and not exact and not table and repack.can_repack(qtype, n_out):
                 # weights in process memory: rewrite in place into one stream per 8 rows
                 w = gf.rewrite(name, lambda v: repack.repack(v, t.ggml_type))
                 qtype = repack.REPACKED[t.ggml_type]
@@ -122,7 +132,12 @@ class Weights:
                 post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if gemma else None,
             ))
         emb = lin("token_embd.weight", D, V, table=True)             # also read by row lookup
-        output = lin("output.weight", D, V) if "output.weight" in gf.tensors else emb
+        if "output.weight" in gf.tensors:
+            output = lin("output.weight", D, V, head=True)
+        elif requant is not None and narrows(emb.qtype, requant.head):
+            output = lin("token_embd.weight", D, V, table=True, head=True)  # its own copy
+        else:
+            output = emb
         return cls(emb.w, emb.qtype, tuple(layers), vec("output_norm.weight", D), output)
 
 
@@ -247,9 +262,14 @@ class ModelSession(Session):
         if not 1 <= self.n_logits <= cfg.n_vocab:
             raise ConfigError(f"--draft-vocab must be in 1..{cfg.n_vocab}, got {n_logits}")
         out = weights.output
+        # a head in 8-row records (kernels/repack.py) is cut at a whole record: its first
+        # n_rows >= n_logits rows are computed and the logits trimmed (row-independent: the
+        # kept logits are the same bits)
+        n_rows = self.n_logits if out.qtype not in repack.MATMUL else min(-(-self.n_logits // 8) * 8,
+                                                                          cfg.n_vocab)
         self._head = None if self.n_logits == cfg.n_vocab else replace(
-            out, w=out.w[: self.n_logits], n_out=self.n_logits,
-            bias=None if out.bias is None else out.bias[: self.n_logits])
+            out, w=out.w[:n_rows], n_out=n_rows,
+            bias=None if out.bias is None else out.bias[:n_rows])
 
     n_vocab = property(lambda self: self.cfg.n_vocab)
     n_ctx = property(lambda self: self.cache.n_ctx)
@@ -258,9 +278,14 @@ class ModelSession(Session):
     def eval(self, tokens, last_only: bool = False) -> np.ndarray:
         tokens = self._checked(tokens)
         start = self.cache.n_past
-        logits = forward(self.cfg, self.weights, self.cache, tokens, start, last_only, self._head)
+        logits = self._trim(forward(self.cfg, self.weights, self.cache, tokens, start, last_only,
+                                    self._head))
         _check_finite([self], [start], [logits])
         return logits
+
+    def _trim(self, logits: np.ndarray) -> np.ndarray:
+        """(M, n_rows) -> (M, n_logits): the head's rows past n_logits (a record's tail)."""
+        return logits if logits.shape[1] == self.n_logits else np.ascontiguousarray(logits[:, :self.n_logits])
 
     def _checked(self, tokens) -> np.ndarray:
         """tokens as (M,) int64 after the checks of eval: non-empty, ids in range, room left."""
@@ -300,6 +325,7 @@ def eval_batch(sessions, token_lists, last_only: bool | Sequence[bool] = False) 
     starts = [s.n_past for s in sessions]
     out = forward_batch(s0.cfg, s0.weights, [(s.cache, t, lo) for s, t, lo in zip(sessions, toks, last)],
                         s0._head)
+    out = [s0._trim(lg) for lg in out]
     _check_finite(sessions, starts, out)
     return out
 

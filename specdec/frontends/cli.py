@@ -88,6 +88,16 @@ def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
                    help="the draft model computes logits for token ids < N only: a cheaper draft "
                         "over the common tokens, same output law (0: all; default: 32768 for "
                         "vocabularies over 65536 ids, else all)")
+    g.add_argument("--draft-quant", default=None, metavar="TYPE",
+                   help="requantize the draft model's layer matmuls at load into TYPE (q4_0, q5_0, "
+                        "q8_0) where it is narrower than stored: a cheaper draft, same output law")
+    g.add_argument("--draft-quant-head", default=None, metavar="TYPE",
+                   help="requantize the draft model's output head at load into TYPE (as --draft-quant)")
+    g.add_argument("--quant", default=None, metavar="TYPE",
+                   help="requantize the -m model's layer matmuls at load into TYPE (q4_0, q5_0, q8_0) "
+                        "where narrower than stored (a different, smaller model)")
+    g.add_argument("--quant-head", default=None, metavar="TYPE",
+                   help="requantize the -m model's output head at load into TYPE (as --quant)")
     g.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N", help="context size (default: min(4096, trained))")
     g.add_argument("-t", "--threads", type=int, default=0, metavar="N",
                    help="threads of the Numba kernels (default: all cores)")
@@ -239,18 +249,36 @@ def _check_run_args(a) -> None:
 
 def _draft_options(a):
     """The run flags' DraftOptions (validated here, before any model is loaded); the draft
-    model is filled in once it is."""
+    model is filled in once it is.  Also checks the requantization flags."""
     from ..request import DraftOptions
+    _quant(a, "target")
+    _quant(a, "draft")
     return DraftOptions(kind=a.draft, n=a.draft_n, p=a.draft_p, policy=a.draft_policy,
                         lookup_ngram_min=a.lookup_ngram_min, lookup_ngram_max=a.lookup_ngram_max,
                         lookup_copy_ratio=a.lookup_copy_ratio, vocab=a.draft_vocab)
 
 
-def _load(name: str, n_ctx: int, activations: str = "auto", mmap: bool | None = None):
+def _quant(a, role: str) -> tuple[str | None, str | None]:
+    """The (layers, head) requantization types of the target (--quant, --quant-head) or the
+    draft model (--draft-quant, --draft-quant-head), checked (ConfigError naming the flag)."""
+    from ..engine.requant import Requant
+    pre = "draft_" if role == "draft" else ""
+    layers, head = getattr(a, pre + "quant", None), getattr(a, pre + "quant_head", None)
+    flag = "--draft-quant" if role == "draft" else "--quant"
+    Requant.of(layers, head, flags=(flag, flag + "-head"))
+    if role == "draft" and (layers or head) and not getattr(a, "draft_model", None):
+        raise ConfigError(f"{flag if layers else flag + '-head'} needs a draft model (-md)")
+    return layers, head
+
+
+def _load(name: str, n_ctx: int, activations: str = "auto", mmap: bool | None = None,
+          quant: tuple[str | None, str | None] = (None, None)):
+    """Load a model (quant: its (layers, head) requantization types, see _quant)."""
     from ..api import load
     t0 = time.perf_counter()
     _progress(f"specdec: loading {name} ...")
-    m = load(name, n_ctx=n_ctx or None, activations=activations, mmap=mmap)
+    m = load(name, n_ctx=n_ctx or None, activations=activations, mmap=mmap,
+             requant=quant[0], requant_head=quant[1])
     _progress(f"specdec: loaded {m.name} ({m.config.arch}, {m.config.n_layer} layers) in "
               f"{time.perf_counter() - t0:.1f} s; compiling kernels on first run (cached afterwards) ...")
     t0 = time.perf_counter()
@@ -280,8 +308,9 @@ def cmd_run(a) -> int:
             raise ConfigError(f"--file {a.file}: {e.strerror}") from None
     else:
         prompt = a.prompt if a.prompt is not None else ""
-    target = _load(a.model, a.ctx_size, a.activations, a.mmap)
-    draft = _load(a.draft_model, a.ctx_size, a.activations, a.mmap) if a.draft_model else None
+    target = _load(a.model, a.ctx_size, a.activations, a.mmap, _quant(a, "target"))
+    draft = (_load(a.draft_model, a.ctx_size, a.activations, a.mmap, _quant(a, "draft"))
+             if a.draft_model else None)
     if draft is not None:                               # -md alone drafts with the model
         options = options.with_model(draft)
     if options.enabled:
@@ -364,7 +393,8 @@ def cmd_chat(a) -> int:
 
 def cmd_serve(a) -> int:
     from .serve.cli import serve
-    return serve(a, load=_load, draft_options=_draft_options, set_threads=_set_threads, log=_progress)
+    return serve(a, load=_load, draft_options=_draft_options, set_threads=_set_threads, log=_progress,
+                 quant=_quant)
 
 
 def cmd_trace_report(a) -> int:

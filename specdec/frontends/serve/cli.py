@@ -9,9 +9,10 @@ from specdec.errors import ConfigError
 from specdec.sampling import SamplerParams
 
 
-def serve(a, *, load, draft_options, set_threads, log) -> int:
+def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
     """Load -m (and -md), start the scheduler and serve until Ctrl-C / SIGTERM (then drain,
-    exit 0).  load / draft_options / set_threads / log: specdec.frontends.cli's helpers."""
+    exit 0).  load / draft_options / set_threads / log / quant: specdec.frontends.cli's
+    helpers (quant(a, 'target' | 'draft'): the requantization flags)."""
     try:
         from .app import ServeConfig, create_app, run_server
     except ImportError as e:             # the optional server stack is not installed
@@ -29,8 +30,10 @@ def serve(a, *, load, draft_options, set_threads, log) -> int:
     caps = DraftCaps.parse(a.draft_caps, a.lookup_caps)
     if a.threads:
         set_threads(a.threads)
-    target = load(a.model, a.ctx_size, a.activations, a.mmap)
-    draft = load(a.draft_model, a.ctx_size, a.activations, a.mmap) if a.draft_model else None
+    q = quant or (lambda a, role: (None, None))
+    target = load(a.model, a.ctx_size, a.activations, a.mmap, q(a, "target"))
+    draft = (load(a.draft_model, a.ctx_size, a.activations, a.mmap, q(a, "draft"))
+             if a.draft_model else None)
     if draft is not None:                               # -md alone drafts with the model
         from specdec.speculation.compat import check_compatible
         check_compatible(target.tokenizer, draft.tokenizer, target.name, draft.name)
