@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ir import cpu_features, have_f16c, have_vnni256, have_vnni512
+from .ir import cpu_features, have_avx2, have_f16c, have_vnni256, have_vnni512
 
 SIMD_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "bmi")
 
@@ -78,8 +78,9 @@ def host(path: str = "/proc/cpuinfo") -> CpuInfo:
 
 def kernel_paths() -> dict[str, str]:
     """Which instruction path each kernel family compiles to with the current target."""
-    return {"kquants": "avx512-vnni 512-bit" if have_vnni512() else "portable (no AVX-512 VNNI)",
-            "legacy": "avx512-vnni 256-bit" if have_vnni256() else "maddubs (no AVX-512 VNNI + VL)",
+    dot = "avx2 vpmaddubsw + vpmaddwd" if have_avx2() else "portable (no AVX2)"
+    return {"kquants": "avx512-vnni 512-bit" if have_vnni512() else dot,
+            "legacy": "avx512-vnni 256-bit" if have_vnni256() else dot,
             "fp16": "f16c" if have_f16c() else "exact software conversion",
             "numba_target_features": ",".join(sorted(f for f in cpu_features()
                                                      if f.startswith("+") and f[1:].startswith(SIMD_PREFIXES)))}

@@ -151,10 +151,56 @@ def fma_f32(builder, a, b, c):
     return builder.call(fn, [a, b, c])
 
 
-def dpbusd_words(builder, vnni: bool, acc, u, x):
+def have_avx2() -> bool:
+    """256-bit integer SIMD (vpmaddubsw, vpmaddwd): every x86 core since Haswell / Zen."""
+    return "+avx2" in cpu_features()
+
+
+def _maddubs_quads(builder, u, x):
+    """<32 x i8> u (unsigned), x (signed) -> <8 x i32>, lane i = Σ_{k<4} u[4i+k]·x[4i+k]:
+    vpmaddubsw (u8 × s8 pairs -> i16, saturating) then vpmaddwd with ones (i16 pairs -> i32).
+    Exact only while every pair sum fits in i16: u ≤ 128 and |x| ≤ 127 (2·128·127 < 2^15)."""
+    v32i8, v16i16, v8i32 = vector_type(I8, 32), vector_type(I16, 16), V8I32
+    madd_b = builder.module.declare_intrinsic(
+        "llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(v16i16, [v32i8, v32i8]))
+    madd_w = builder.module.declare_intrinsic(
+        "llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(v8i32, [v16i16, v16i16]))
+    pairs = builder.call(madd_b, [u, x])
+    return builder.call(madd_w, [pairs, ir.Constant(v16i16, [1] * 16)])
+
+
+def _dot_quads_avx2(builder, u, x, u_max: int):
+    """<32 x i8> -> <8 x i32> quad sums Σ u·x (u unsigned ≤ u_max, |x| ≤ 127), exact.
+    u_max ≤ 128: one _maddubs_quads (ggml's mul_sum_us8_pairs).  Wider codes (Q8_0's
+    u = w xor 0x80, up to 255) would saturate: the signed w = u - 128 goes through the sign
+    trick, Σ w·x = Σ |w|·(x·sign w) (ggml's mul_sum_i8_pairs), and Σ u·x = Σ w·x + 128·Σ x."""
+    if u_max <= 128:
+        return _maddubs_quads(builder, u, x)
+    v32i8 = vector_type(I8, 32)
+    w = builder.xor(u, ir.Constant(v32i8, [0x80] * 32))
+    absf = builder.module.declare_intrinsic("llvm.abs.v32i8", fnty=ir.FunctionType(v32i8, [v32i8, I1]))
+    sign = builder.module.declare_intrinsic(
+        "llvm.x86.avx2.psign.b", fnty=ir.FunctionType(v32i8, [v32i8, v32i8]))
+    wx = _maddubs_quads(builder, builder.call(absf, [w, ir.Constant(I1, 0)]), builder.call(sign, [x, w]))
+    xs = _maddubs_quads(builder, ir.Constant(v32i8, [1] * 32), x)
+    return builder.add(wx, builder.shl(xs, ir.Constant(V8I32, [7] * 8)))
+
+
+def _dot_quads(builder, acc, u, x, u_max: int):
+    """acc (<W x i32>, W = 8 or 16) + the quad sums of u, x (<4W x i8>) on AVX2, 32 bytes at a time."""
+    width = acc.type.count
+    parts = [_dot_quads_avx2(builder, shuffle(builder, u, range(32 * h, 32 * h + 32)),
+                             shuffle(builder, x, range(32 * h, 32 * h + 32)), u_max)
+             for h in range(width // 8)]
+    return builder.add(acc, parts[0] if width == 8 else join(builder, parts[0], parts[1]))
+
+
+def dpbusd_words(builder, vnni: bool, acc, u, x, u_max: int = 255):
     """acc + per-lane sum of 4 products zext(u byte) · sext(x byte), all three <W x i32>,
-    W = 8 (ymm) or 16 (zmm).  vnni: one vpdpbusd; otherwise widen, multiply and add the
-    four products of each lane in order (the same integers: exact, no saturation)."""
+    W = 8 (ymm) or 16 (zmm); the x bytes are in [-127, 127], the u bytes at most u_max.
+    vnni: one vpdpbusd; AVX2: vpmaddubsw + vpmaddwd (_dot_quads_avx2); otherwise widen,
+    multiply and add the four products of each lane in order.  The same integers on every
+    path (exact, no saturation)."""
     width = acc.type.count
     vt = vector_type(I32, width)
     if vnni:
@@ -163,6 +209,8 @@ def dpbusd_words(builder, vnni: bool, acc, u, x):
             f"llvm.x86.avx512.vpdpbusd.{32 * width}")
         return builder.call(fn, [acc, u, x])
     bytes_ = vector_type(I8, 4 * width)
+    if have_avx2():
+        return _dot_quads(builder, acc, builder.bitcast(u, bytes_), builder.bitcast(x, bytes_), u_max)
     p = builder.mul(builder.zext(builder.bitcast(u, bytes_), vector_type(I32, 4 * width)),
                     builder.sext(builder.bitcast(x, bytes_), vector_type(I32, 4 * width)))
     s = shuffle2(builder, p, p, list(range(0, 4 * width, 4)))
@@ -171,19 +219,52 @@ def dpbusd_words(builder, vnni: bool, acc, u, x):
     return builder.add(acc, s)
 
 
-def dpbusd_bytes(builder, vnni: bool, acc, a_u8, b_i8):
+def dpbusd_bytes(builder, vnni: bool, acc, a_u8, b_i8, u_max: int = 255):
     """acc (<16 x i32>) + (<64 x u8> a · <64 x i8> b summed by 4 per lane), exact (no
-    saturation).  ggml: _mm512_dpbusd_epi32 / mul_sum_us8_pairs.  Without vnni the four
-    products of a lane are added as (p0 + p1) + (p2 + p3)."""
+    saturation; b in [-127, 127], a at most u_max).  ggml: _mm512_dpbusd_epi32 /
+    mul_sum_us8_pairs.  AVX2 without VNNI: vpmaddubsw + vpmaddwd per 32 bytes; with
+    neither, the four products of a lane are added as (p0 + p1) + (p2 + p3)."""
     if vnni:
         fn = builder.module.declare_intrinsic(
             "llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(V16I32, [V16I32] * 3))
         return builder.call(fn, [acc, builder.bitcast(a_u8, V16I32), builder.bitcast(b_i8, V16I32)])
+    if have_avx2():
+        return _dot_quads(builder, acc, a_u8, b_i8, u_max)
     vt = vector_type(I32, 64)
     prod = builder.mul(builder.zext(a_u8, vt), builder.sext(b_i8, vt))
     parts = [shuffle(builder, prod, [4 * i + k for i in range(16)]) for k in range(4)]
     return builder.add(acc, builder.add(builder.add(parts[0], parts[1]),
                                         builder.add(parts[2], parts[3])))
+
+
+def dpbusd_chain(builder, vnni: bool, us, xs, u_max: int):
+    """Σ_k dpbusd_bytes(u_k, x_k) as <16 x i32> (us, xs: lists of <64 x i8>), exact.  AVX2
+    without VNNI adds the vpmaddubsw pair sums of g vectors in i16 before one vpmaddwd
+    (g · 2 · u_max · 127 < 2^15: g = 4 for 5-bit codes, 2 for 6-bit), as ggml's AVX2 K-quant
+    dots do; the integers are the same on every path."""
+    acc = ir.Constant(V16I32, None)
+    if vnni or not have_avx2() or u_max > 128:
+        for u, x in zip(us, xs):
+            acc = dpbusd_bytes(builder, vnni, acc, u, x, u_max)
+        return acc
+    g = max(1, min(len(us), 32767 // (254 * u_max)))
+    v32i8, v16i16 = vector_type(I8, 32), vector_type(I16, 16)
+    madd_b = builder.module.declare_intrinsic(
+        "llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(v16i16, [v32i8, v32i8]))
+    madd_w = builder.module.declare_intrinsic(
+        "llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(V8I32, [v16i16, v16i16]))
+    halves = []
+    for h in range(2):
+        part = ir.Constant(V8I32, None)
+        for k0 in range(0, len(us), g):
+            pairs = None
+            for u, x in zip(us[k0:k0 + g], xs[k0:k0 + g]):
+                pr = builder.call(madd_b, [shuffle(builder, u, range(32 * h, 32 * h + 32)),
+                                           shuffle(builder, x, range(32 * h, 32 * h + 32))])
+                pairs = pr if pairs is None else builder.add(pairs, pr)
+            part = builder.add(part, builder.call(madd_w, [pairs, ir.Constant(v16i16, [1] * 16)]))
+        halves.append(part)
+    return join(builder, halves[0], halves[1])
 
 
 # ------------------------------------------------------------------- control flow

@@ -41,7 +41,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .formats import FORMATS, KQUANTS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
-from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, const_vector, dpbusd_bytes,
+from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, const_vector, dpbusd_chain,
                  f16_to_f32, fma_v16f32, have_f16c, have_vnni512, load_bytes, prefetch, shuffle,
                  splat_v16f32, switch_static)
 
@@ -75,9 +75,10 @@ class Decoded(NamedTuple):
     u: list            # 4 × <16 x i32> (= <64 x u8>): V_k, unsigned codes
     scd: ir.Value      # <16 x float>: d · sc[L]
     bias: ir.Value     # <16 x float>: −dmin · mn[L], or −off · d · sc[L]
+    u_max: int         # the largest code: 2^bits − 1 (bounds the AVX2 path's i16 sums)
 
 
-def _decoded(builder, u, sc, d, mn=None, dmin=None, off: int = 0) -> Decoded:
+def _decoded(builder, u, sc, d, mn=None, dmin=None, off: int = 0, u_max: int = 63) -> Decoded:
     """Decoded from the codes u, the integer scales sc (and mins mn) as <16 x i32> lanes and
     the float super-block scales d (and dmin); every product here is exact."""
     scd = builder.fmul(builder.sitofp(sc, V16F32), splat_v16f32(builder, d))
@@ -85,7 +86,7 @@ def _decoded(builder, u, sc, d, mn=None, dmin=None, off: int = 0) -> Decoded:
         bias = builder.fmul(builder.sitofp(mn, V16F32), splat_v16f32(builder, builder.fneg(dmin)))
     else:
         bias = builder.fmul(scd, ir.Constant(V16F32, float(-off)))
-    return Decoded(u, scd, bias)
+    return Decoded(u, scd, bias, u_max)
 
 
 def k4_scales(builder, p, off: int):
@@ -114,7 +115,7 @@ def _decode_q4_k(builder, p, f16c):
     sc, mn = k4_scales(builder, p, 4)
     d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
     dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin)
+    return _decoded(builder, u, sc, d, mn, dmin, u_max=15)
 
 
 def _decode_q5_k(builder, p, f16c):
@@ -132,7 +133,7 @@ def _decode_q5_k(builder, p, f16c):
     sc, mn = k4_scales(builder, p, 4)
     d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
     dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin)
+    return _decoded(builder, u, sc, d, mn, dmin, u_max=31)
 
 
 def _hsl(L: int) -> tuple[int, int, int]:
@@ -156,7 +157,7 @@ def _decode_q6_k(builder, p, f16c):
         u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
     sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
     d = f16_to_f32(builder, load_bytes(builder, p, 208, I16), f16c)
-    return _decoded(builder, u, sc, d, off=32)
+    return _decoded(builder, u, sc, d, off=32, u_max=63)
 
 
 def _crumbs(builder, qs, k: int):
@@ -189,7 +190,7 @@ def _decode_q3_k(builder, p, f16c):
     sc6 = builder.or_(lo, builder.shl(hi, ir.Constant(V16, 4)))
     sc = builder.sub(builder.zext(sc6, V16I32), _splat_i32(32))
     d = f16_to_f32(builder, load_bytes(builder, p, 108, I16), f16c)
-    return _decoded(builder, u, sc, d, off=4)
+    return _decoded(builder, u, sc, d, off=4, u_max=7)
 
 
 def _decode_q2_k(builder, p, f16c):
@@ -202,7 +203,7 @@ def _decode_q2_k(builder, p, f16c):
     mn = builder.zext(builder.lshr(sm, ir.Constant(sm.type, 4)), V16I32)
     d = f16_to_f32(builder, load_bytes(builder, p, 80, I16), f16c)
     dmin = f16_to_f32(builder, load_bytes(builder, p, 82, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin)
+    return _decoded(builder, u, sc, d, mn, dmin, u_max=3)
 
 
 DECODERS: dict[int, Callable] = {           # qtype -> super-block decoder
@@ -216,11 +217,9 @@ DECODERS: dict[int, Callable] = {           # qtype -> super-block decoder
 def _emit_update(builder, dec: Decoded, u8, vnni: bool, x, m, b, acc):
     """acc (<16 x float>) + the contribution of decoded block b to activation row m."""
     row = builder.add(builder.mul(b, x.M), m)                   # (b, m) in the block-major x
-    dot = _splat_i32(0)
-    for k in range(4):
-        xv = builder.load(builder.gep(x.q, [builder.add(builder.mul(row, I64(QK_K)), I64(64 * k))],
-                                      source_etype=I8), typ=V64I8, align=1)
-        dot = dpbusd_bytes(builder, vnni, dot, u8[k], xv)
+    xv = [builder.load(builder.gep(x.q, [builder.add(builder.mul(row, I64(QK_K)), I64(64 * k))],
+                                   source_etype=I8), typ=V64I8, align=1) for k in range(4)]
+    dot = dpbusd_chain(builder, vnni, u8, xv, dec.u_max)
     dx = splat_v16f32(builder, builder.load(builder.gep(x.d, [row], source_etype=F32)))
     bsd = builder.load(builder.gep(x.bs, [builder.mul(row, I64(16))], source_etype=F32),
                        typ=V16F32, align=4)

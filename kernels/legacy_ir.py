@@ -231,6 +231,7 @@ def emit_tile(builder, dec: Decoded, vnni: bool, ptrs, ints) -> None:
     width = cols[0].type.count  # rows in the tile: lanes of every vector below
     vi, vf = vector_type(I32, width), vector_type(F32, width)
     xoff = builder.mul(b, I64(32))
+    u_max = 255 if dec.off == 128 else 31   # Q8_0's u = w xor 0x80; the 4/5-bit codes
     zero = ir.Constant(vi, None)
     with cgutils.for_range(builder, m1, start=m0) as loop:
         m = loop.index
@@ -239,7 +240,7 @@ def emit_tile(builder, dec: Decoded, vnni: bool, ptrs, ints) -> None:
         sums = [zero, zero]
         for c in range(8):
             xc = splat(builder, builder.extract_element(xw, I32(c)), width)
-            sums[c % 2] = dpbusd_words(builder, vnni, sums[c % 2], cols[c], xc)
+            sums[c % 2] = dpbusd_words(builder, vnni, sums[c % 2], cols[c], xc, u_max)
         isum = builder.add(sums[0], sums[1])
         mb = builder.add(builder.mul(m, nb), b)
         if dec.off:
