@@ -26,8 +26,10 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--no-mmap", action="store_true", help="read the model files into memory (both engines)")
+    ap.add_argument("--mmap", action="store_true", help="map the model files (both engines; default: "
+                    "specdec's default load, in memory where the file fits)")
     a = ap.parse_args(argv)
-    result = bench_decode(a.models, Path(a.out), repeats=a.repeats, mmap=False if a.no_mmap else None)
+    result = bench_decode(a.models, Path(a.out), repeats=a.repeats, mmap=False if a.no_mmap else (True if a.mmap else None))
     plot_decode(result, Path(a.out) / "decode.png")
     rows = result["results"]
     print(f"{'model':38s} {'pp64':>8s} {'(llama)':>8s} {'tg64':>8s} {'(llama)':>8s} {'GB/s':>6s}")

@@ -3,10 +3,14 @@
 The kernels pick their instruction path at compile time from the features Numba compiles for
 (ir.cpu_features(): the host's, read at run time, or NUMBA_CPU_FEATURES): 512-bit
 ``vpdpbusd`` for the K-quants where AVX-512 VNNI is there, the 256-bit form for the legacy
-quants (EVEX with AVX-512 VNNI + VL), exact fp16 loads with F16C, and a portable fallback
-without them.  The same binary choice serves both vendors: AMD Zen 4 runs a 512-bit
-instruction as two 256-bit halves, so the 512-bit K-quant path issues half the instructions
-for the same work there too, and neither path needs Intel's VEX-only AVX-VNNI.
+quants (EVEX with AVX-512 VNNI + VL); without VNNI (AMD Zen 2 / Zen 3, older Intel cores)
+the AVX2 pair ``vpmaddubsw`` + ``vpmaddwd`` (ir.dpbusd_chain: the same integers); exact fp16
+loads with F16C, and a portable fallback without any of them.  The same choice serves both
+vendors: AMD Zen 4 runs a 512-bit instruction as two 256-bit halves, so the 512-bit K-quant
+path issues half the instructions for the same work there too, and no path needs Intel's
+VEX-only AVX-VNNI.  On a Zen 3 host the portable widen-and-multiply code LLVM made of the
+dot products ran decode at 0.18-0.35x llama.cpp's native build; the AVX2 path 0.8-1.0x
+(docs/architecture.md, "The kernels on each CPU").
 
     host() -> CpuInfo        vendor, model name, family/model/stepping, flags (first CPU)
     kernel_paths() -> dict   the path each kernel family compiles to on this host
