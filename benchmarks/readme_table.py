@@ -6,6 +6,11 @@ replay.json and memory.json from --results (whichever exist) and rewrites the bl
 to docs/img/ so that the README can show them.
 
     python benchmarks/readme_table.py [--results bench-results] [--readme README.md]
+    python benchmarks/readme_table.py --results benchmarks/results/amd --block amd
+
+--block NAME rewrites the block between `<!-- speed-table:NAME -->` and
+`<!-- /speed-table:NAME -->` instead (one block per CPU the figures were measured on), with
+its plots under docs/img/NAME/.
 """
 from __future__ import annotations
 
@@ -117,33 +122,64 @@ def replay_lines(rp: dict) -> list[str]:
     return out
 
 
+def defaults_lines(df: dict) -> list[str]:
+    """The sets of benchmarks/defaults.py: plain vs the defaults vs llama.cpp's flags."""
+    cfgs = [c for c in df["configs"] if c != "plain"]
+    out = ["| prompt set | plain tok/s | " + " | ".join(f"{c} tok/s (speedup, lowest prompt)" for c in cfgs) + " |",
+           "| --- | ---: | " + " | ".join("---:" for _ in cfgs) + " |"]
+    for name, r in df["summary"].items():
+        cells = [f"{r[c]['tok_s']:.1f} ({r[c]['speedup']:.2f}x, {r[c]['min_speedup']:.2f}x)" for c in cfgs]
+        out.append(f"| {name} | {r['plain']['tok_s']:.1f} | " + " | ".join(cells) + " |")
+    return out
+
+
 def _when(d: dict, date: str) -> str:
     """' (run of DATE)' when a result file comes from another run than the header's."""
     return "" if d["machine"]["date"] == date else f" (run of {d['machine']['date']})"
 
 
-def build(results: Path) -> str:
+def build(results: Path, img: str = "docs/img") -> str:
     bw, dec = _load(results, "bandwidth.json"), _load(results, "decode.json")
     vc, sp = _load(results, "verify_curve.json"), _load(results, "speculative.json")
     dr, mem = _load(results, "drafters.json"), _load(results, "memory.json")
-    rp = _load(results, "replay.json")
+    rp, df = _load(results, "replay.json"), _load(results, "defaults.json")
     first = next((d for d in (dec, vc, sp, dr) if d), None)
     if first is None:
         raise SystemExit(f"{results}: no benchmark results (run the benchmarks first)")
     m = first["machine"]
     live = next((r["llamacpp_source"] for r in (dec or {}).get("results", [])
-                 if (r.get("llamacpp_source") or "").startswith("measured")), None)
-    llama = (f"llama.cpp's figures were measured in the same run on the same files and threads "
-             f"({live.split('(')[-1].rstrip(')')}, built without AMX)" if live else
-             "llama.cpp's figures are llama-bench on the same machine kind (`-t 2 -p 64 -n 64`)")
+                 if (r.get("llamacpp_source") or "").startswith(("measured", "llama-bench"))), None)
+    build_ = m.get("llama_cpp_build") or {}
+    if build_:
+        opts = " ".join(o for o in build_.get("cmake_options", []) if "NATIVE" in o or "AMX" in o)
+        llama = (f"llama.cpp's figures were measured in the same run on the same files and threads "
+                 f"(llama-bench of llama-cpp-python {build_.get('llama_cpp_python')}'s llama.cpp "
+                 f"{build_.get('llama_cpp_commit')}, built on this host with `{opts}`"
+                 + (", AMX off" if not build_.get("amx_compiled") else "") + ")")
+    elif live:
+        llama = (f"llama.cpp's figures were measured in the same run on the same files and threads "
+                 f"({live.split('(')[-1].rstrip(')')}, built without AMX)")
+    else:
+        llama = "llama.cpp's figures are llama-bench on the same machine kind (`-t 2 -p 64 -n 64`)"
     mapped = all(r.get("mmap", True) for r in (dec or {}).get("results", []))
-    lines = [f"Measured {m['date']} on {m['cpu']}, {m['cores']} cores, Numba {m['numba']}, "
-             f"with the commands of [docs/reproduce.md](docs/reproduce.md); {llama}. The machine is "
+    kp = m.get("kernel_paths") or {}
+    cpu = m["cpu"] + (f" ({m['cpu_microarchitecture']})" if m.get("cpu_microarchitecture") else "")
+    fr = (bw or {}).get("file_read")
+    if mapped:
+        load = ""
+    elif fr:
+        load = (f" Both engines read the weights into process memory (specdec's default load where "
+                f"the file fits; llama.cpp `-lm none`); reading {fr['file']} here ran at "
+                f"{fr['mapped_gbs']:.1f} GB/s mapped, {fr['in_memory_gbs']:.1f} GB/s in memory "
+                f"and {fr['in_memory_hugepages_gbs']:.1f} GB/s in huge pages.")
+    else:
+        load = (" Both engines read the weights into memory (`--no-mmap`): on this VM, reading "
+                "mapped page-cache pages runs at about 15 GB/s against 26 GB/s for process memory.")
+    lines = [f"Measured {m['date']} on {cpu}, {m['cores']} cores, Numba {m['numba']}"
+             + (f", kernel paths: K-quants {kp['kquants']}, legacy {kp['legacy']}" if kp else "")
+             + f", with the commands of [docs/reproduce.md](docs/reproduce.md); {llama}. The machine is "
              "shared: absolute figures move by up to 2x with the neighbours' load, ratios measured "
-             "side by side far less."
-             + ("" if mapped else " Both engines read the weights into memory (`--no-mmap`): on this "
-                "VM, reading mapped page-cache pages runs at about 15 GB/s against 26 GB/s for "
-                "process memory.")]
+             "side by side far less." + load]
     date = m["date"]
     if bw:
         lines += ["", f"Memory read bandwidth: {bw['single_thread_gbs']:.1f} GB/s on one thread, "
@@ -168,6 +204,12 @@ def build(results: Path) -> str:
                       f"{dr['settings']['prompts']} prompts per set, every answer to its end "
                       f"(cap {dr['settings']['n_predict']} tokens), tok/s (speedup over plain, same run; "
                       f"`benchmarks/drafters.py`){_when(dr, date)}:", ""] + drafters_lines(dr)
+    if df:
+        lines += ["", f"**The defaults** (`specdec run -md DRAFT` with no drafting flags, i.e. "
+                      f"`generate(draft=draft_model)`), {df['target']} with {df['draft']}, greedy, "
+                      f"prompt + {df['n_predict']} tokens timed from the call (prefill included), "
+                      f"against llama.cpp's flags `--draft-n 5 --draft-p 0.9` "
+                      f"(`benchmarks/defaults.py`){_when(df, date)}:", ""] + defaults_lines(df)
     if rp:
         lines += ["", f"**Replay of those answers** at forward costs measured alongside "
                       f"(context {rp['context']}: target {rp['target_ms']['1']:.1f} ms for one row, "
@@ -181,7 +223,7 @@ def build(results: Path) -> str:
                       "(the weights are memory-mapped, never copied)."]
     plots = [p for p in PLOTS if (results / p).exists()]
     if plots:
-        lines += [""] + [f"![{p[:-4]}](docs/img/{p})" for p in plots]
+        lines += [""] + [f"![{p[:-4]}]({img}/{p})" for p in plots]
     return "\n".join(lines)
 
 
@@ -189,17 +231,22 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(ROOT / "bench-results"))
     ap.add_argument("--readme", default=str(ROOT / "README.md"))
+    ap.add_argument("--block", default=None, help="the named block (one per CPU) instead of the first")
     a = ap.parse_args(argv)
     results, readme = Path(a.results), Path(a.readme)
+    begin, end = (BEGIN, END) if a.block is None else (f"<!-- speed-table:{a.block} -->",
+                                                       f"<!-- /speed-table:{a.block} -->")
+    img = "docs/img" if a.block is None else f"docs/img/{a.block}"
     text = readme.read_text(encoding="utf-8")
-    i, j = text.find(BEGIN), text.find(END)
+    i, j = text.find(begin), text.find(end)
     if i < 0 or j < i:
-        raise SystemExit(f"{readme}: no {BEGIN} ... {END} block")
-    block = build(results)
+        raise SystemExit(f"{readme}: no {begin} ... {end} block")
+    block = build(results, img)
+    (ROOT / img).mkdir(parents=True, exist_ok=True)
     for p in PLOTS:
         if (results / p).exists():
-            shutil.copyfile(results / p, ROOT / "docs" / "img" / p)
-    readme.write_text(text[:i + len(BEGIN)] + "\n" + block + "\n" + text[j:], encoding="utf-8")
+            shutil.copyfile(results / p, ROOT / img / p)
+    readme.write_text(text[:i + len(begin)] + "\n" + block + "\n" + text[j:], encoding="utf-8")
     print(f"{readme}: speed section rewritten from {results}")
 
 
