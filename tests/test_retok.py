@@ -340,3 +340,43 @@ def test_smollm2_drafting_for_qwen_is_identical_to_plain(real_model):
     print(f"\nretok: accepted {got.stats.n_accepted}/{got.stats.n_drafted}")
     assert got.ids == want.ids and len(got.ids) == 24
     assert got.stats.n_accepted > 0
+
+
+def test_a_sentencepiece_vocabulary_spells_text_pieces_without_a_space_prefix():
+    """Tokenizer.encode(continued=True): a piece of a longer text gets no SentencePiece space
+    prefix, so the draft ids of a text tail spell exactly that tail."""
+    toks = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "\u2581a", "ab", "\u2581ab"]
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": toks,
+            "tokenizer.ggml.scores": [0.0, 0.0, 0.0, -1.0, -2.0, -2.0, -1.5, -1.0, -0.5],
+            "tokenizer.ggml.token_type": [2, 3, 3, 1, 1, 1, 1, 1, 1], "tokenizer.ggml.add_bos_token": False}
+    spm = Tokenizer.from_metadata(meta, "spm")
+    assert spm.decode(spm.encode("ab")) == " ab" and spm.decode(spm.encode("ab", continued=True)) == "ab"
+    sp = Spelling(spm)
+    for data in (b"ab a", b"b ab", b" ab"):
+        ids, ends = sp.encode(data)
+        assert spelled(sp, ids) == data and ends[-1] == len(data)
+    tt = TextTokens(sp)
+    assert spelled(sp, tt.sync(b"ab ab")) == b"ab ab" and spelled(sp, tt.sync(b"ab abab b")) == b"ab abab b"
+
+
+@pytest.mark.real
+def test_incremental_ids_of_the_real_vocabularies_equal_encoding_the_whole_text():
+    """SmolLM2's and Qwen's tokenizers (metadata only) on the benchmark prompts, the text
+    grown a few target ids at a time as generation grows it."""
+    import json
+    from pathlib import Path
+    from helpers import real_model_path
+    from specdec.engine.gguf_file import GGUFFile
+    toks = {m: Tokenizer.from_metadata(GGUFFile(real_model_path(m)).metadata, m)
+            for m in ("qwen2.5-coder-1.5b-instruct-q4_k_m", "smollm2-135m-instruct-q4_1")}
+    qwen, smol = toks.values()
+    prompts = [json.loads(line)["prompt"] for f in sorted((Path(__file__).parent.parent / "benchmarks" / "prompts").glob("*.jsonl"))
+               for line in f.read_text().splitlines() if line.strip()]
+    for t_tok, d_tok in ((qwen, smol), (smol, qwen)):
+        text, tt = IdText(Spelling(t_tok)), TextTokens(Spelling(d_tok))
+        for prompt in prompts:
+            ids = t_tok.encode(prompt, bos=False)
+            for n in range(1, len(ids) + 1, 3):
+                data = text.sync(ids[:n])
+                got = tt.sync(data)
+            assert got == d_tok.encode(data.decode(), bos=False), prompt[:40]
