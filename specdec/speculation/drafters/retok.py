@@ -10,7 +10,8 @@ again in target ids:
   2. B -> the draft vocabulary's ids for it, re-encoding only the tail that changed, from a
      safe point before the change (`TextTokens`); the draft model's session holds those
      ids and is rolled back to their common prefix with its cache after every step;
-  3. the draft model drafts up to n_max + DRAFT_EXTRA draft tokens GREEDILY: bytes D;
+  3. the draft model drafts GREEDILY, token by token, until its text D spells n_max target
+     ids by the rule of step 4 (at most DRAFT_FACTOR * n_max + 1 draft tokens);
   4. the tail of B from a safe point, then D, is encoded with the target's tokenizer, so
      that merges across the boundary come out as the target's tokenizer makes them; the
      target ids after the end of B are kept (one straddling B's end is spelled again from
@@ -56,7 +57,7 @@ from ..policies import check_draft_p
 from .base import Draft, Drafter
 from .model import _common_prefix
 
-DRAFT_EXTRA = 1         # draft tokens drafted beyond n_max (the dropped last id, shorter ids)
+DRAFT_FACTOR = 2        # at most DRAFT_FACTOR * n_max + 1 draft tokens per proposal
 SAFE_LOOKBACK = 256     # bytes searched back for a safe point
 BACK = 4                # tokens re-encoded before a change when there is no safe point
 
@@ -299,23 +300,25 @@ class RetokenizingDrafter(Drafter):
             return Draft.empty(self.n_vocab, self.source)
         dctx = self.draft_ids(context_ids)
         # room: the draft context and every drafted token but the last must fit its cache
-        k = min(n_max + DRAFT_EXTRA, self.session.n_ctx - len(dctx) + 1)
+        k = min(DRAFT_FACTOR * n_max + 1, self.session.n_ctx - len(dctx) + 1)
         if k <= 0 or not dctx:
             return Draft.empty(self.n_vocab, self.source)
         keep = _common_prefix(self._cached, dctx, len(dctx) - 1)    # the last id is re-fed
         self._truncate(keep)
         logits = self._eval(dctx[keep:])                             # (n_logits,)
-        drafted: list[int] = []
+        tail = bytes(self.text.data[self.text.tail_start():])
+        n_drafted, text, ids = 0, b"", []
         while True:
             if self.draft_p > 0.0 and top_prob(logits) < self.draft_p:
                 break
             x = int(np.argmax(logits))                               # greedy, lowest id on ties
-            drafted.append(x)
-            if len(drafted) >= k or x in self._eog:
+            n_drafted += 1
+            text += self.draft.piece(x)
+            ids = continuation(self.target, tail, text)              # target ids it spells so far
+            if len(ids) >= n_max or n_drafted >= k or x in self._eog:
                 break                                                # the last one is not evaluated
             logits = self._eval([x])
-        tail = bytes(self.text.data[self.text.tail_start():])
-        ids = continuation(self.target, tail, b"".join(map(self.draft.piece, drafted)))[:n_max]
+        ids = ids[:n_max]
         ids = ids[: next((j for j, t in enumerate(ids) if t >= self.n_vocab), len(ids))]
         q = np.zeros((len(ids), self.n_vocab), dtype=np.float64)    # (n, V) one-hot rows
         q[np.arange(len(ids)), ids] = 1.0
