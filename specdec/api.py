@@ -88,7 +88,7 @@ class Model:
                  draft_policy: "str | DraftPolicy | None" = None,
                  lookup_ngram_min: int = 2, lookup_ngram_max: int = 16,
                  draft_vocab: int | None = None, lookup_copy_ratio: float = 1.0,
-                 ignore_eos: bool = False, n_ctx: int | None = None,
+                 draft_retokenize: bool = False, ignore_eos: bool = False, n_ctx: int | None = None,
                  on_token: Callable[[int, str], None] | None = None,
                  trace: TraceSink | None = None) -> Completion:
         """Generate up to n_predict tokens after `prompt` (text with special tokens parsed and
@@ -107,12 +107,16 @@ class Model:
         Left out (None), draft_n, draft_p, draft_policy and draft_vocab take the defaults
         that measured fastest: a draft model drafts as 'hybrid' with the adaptive length in
         1..8 and its head trimmed to 32768 ids (request.DraftOptions); given, draft_n /
-        draft_p / draft_policy mean llama.cpp's --draft-max / --draft-p-min (threshold, 5, 0.9)."""
+        draft_p / draft_policy mean llama.cpp's --draft-max / --draft-p-min (threshold, 5, 0.9).
+        draft_retokenize: the draft model drafts through text (greedy drafts, re-encoded into
+        this model's ids; drafters.RetokenizingDrafter): how a draft of another vocabulary
+        drafts at all, and still exactly the target's output law."""
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         options = DraftOptions.of(draft, draft_model, n=draft_n, p=draft_p, policy=draft_policy,
                                   lookup_ngram_min=lookup_ngram_min,
                                   lookup_ngram_max=lookup_ngram_max,
-                                  lookup_copy_ratio=lookup_copy_ratio, vocab=draft_vocab)
+                                  lookup_copy_ratio=lookup_copy_ratio, vocab=draft_vocab,
+                                  retokenize=draft_retokenize)
         params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         runner = Runner(self, params, options, seed=seed, ignore_eos=ignore_eos, n_ctx=n_ctx)
         res = runner.run(prompt_ids, n_predict, on_token=on_token, trace=trace)

@@ -41,7 +41,9 @@ class DraftOptions:
     'hybrid' (lookup where it matches, else the model); drafter: a ready Drafter object
     instead.  n, p, policy: the draft-length policy (policies.make_policy: 'threshold' drafts
     up to n and a model draft stops below confidence p, 'fixed' n, 'adaptive' 1..n).  vocab:
-    the draft model computes logits for ids below it only (0: all).
+    the draft model computes logits for ids below it only (0: all).  retokenize: the draft
+    model drafts through text (drafters.RetokenizingDrafter: greedy drafts, any vocabulary;
+    required when its vocabulary is not the target's).
 
     Defaults that pay (`auto`): with none of n, p, policy given, a draft model drafts as
     'hybrid' (prompt lookup where the context repeats itself, the model elsewhere) with the
@@ -59,6 +61,7 @@ class DraftOptions:
     lookup_ngram_max: int = 16
     lookup_copy_ratio: float = 1.0
     vocab: int | None = None
+    retokenize: bool = False
 
     def __post_init__(self) -> None:
         if self.kind is not None and self.kind not in DRAFTER_NAMES:
@@ -73,6 +76,8 @@ class DraftOptions:
             raise ConfigError(f"--draft-policy must be one of {', '.join(POLICY_NAMES)} or a "
                               f"DraftPolicy, got {self.policy!r}")
         check_lookup_options(self.lookup_ngram_min, self.lookup_ngram_max, self.lookup_copy_ratio)
+        if self.retokenize and self.kind == "prompt-lookup":
+            raise ConfigError("--draft-retokenize is for a draft model (-md); prompt lookup copies target ids")
         if self.vocab is not None and (int(self.vocab) != self.vocab or self.vocab < 0):
             raise ConfigError(f"--draft-vocab must be an integer >= 1 (0: all ids), got {self.vocab}")
 
@@ -122,7 +127,8 @@ class DraftOptions:
         how = {"FixedLength": f"fixed {pol.n_max}", "Threshold": f"up to {pol.n_max}, p >= {pol.p_min:g}",
                "AdaptiveLength": f"adaptive 1..{pol.n_max}"}.get(type(pol).__name__, type(pol).__name__)
         vocab = self.draft_vocab(self.model) if kind in ("model", "hybrid") else None
-        return f"{kind}, {how}" + (f", draft vocab {vocab}" if vocab else "") + (" (defaults)" if self.auto else "")
+        return (f"{kind}, {how}" + (f", draft vocab {vocab}" if vocab else "")
+                + (", through text" if self.retokenize else "") + (" (defaults)" if self.auto else ""))
 
     @classmethod
     def of(cls, draft, draft_model=None, **fields) -> "DraftOptions":
@@ -148,7 +154,8 @@ class DraftOptions:
         drafter = self.drafter or make_drafter(
             self.drafter_kind, target, params, draft_model=self.model, draft_p=policy.p_min, n_ctx=n_ctx,
             lookup_ngram_min=self.lookup_ngram_min, lookup_ngram_max=self.lookup_ngram_max,
-            draft_vocab=self.draft_vocab(self.model), lookup_copy_ratio=self.lookup_copy_ratio)
+            draft_vocab=self.draft_vocab(self.model), lookup_copy_ratio=self.lookup_copy_ratio,
+            retokenize=self.retokenize)
         return drafter, policy
 
 

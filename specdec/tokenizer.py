@@ -247,11 +247,13 @@ class Tokenizer:
 
     # -- text -> ids ---------------------------------------------------------------------
     def encode(self, text: str, special: bool = True, bos: bool | None = None,
-               eos: bool | None = None) -> list[int]:
+               eos: bool | None = None, continued: bool = False) -> list[int]:
         """llama_tokenize(text, add_special, parse_special=special).
 
         special: recognise CONTROL/UNKNOWN token texts (USER_DEFINED ones always are);
-        bos/eos: add BOS/EOS; None = as the vocabulary says (add_bos / add_eos)."""
+        bos/eos: add BOS/EOS; None = as the vocabulary says (add_bos / add_eos).
+        continued: the text continues earlier text (a piece of a longer one): SentencePiece
+        vocabularies add no space prefix at its start (BPE ones never do)."""
         add_bos = self.add_bos if bos is None else bos
         add_eos = self.add_eos if eos is None else eos
         for flag, tid, name in ((add_bos, self.bos_id, "BOS"), (add_eos, self.eos_id, "EOS")):
@@ -264,7 +266,7 @@ class Tokenizer:
         if self.vocab_type == "spm":
             # llama_vocab::impl::tokenize, SPM: a space goes before text that starts the input or
             # follows a special token when add_space_prefix is set
-            prev_special = True
+            prev_special = not continued
             for frag in fragments:
                 if isinstance(frag, int):
                     out.append(frag)

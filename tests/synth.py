@@ -29,6 +29,9 @@ class TinySpec:
     n_ctx: int = 512
     sliding_window: int = 0      # gemma3 only
     chat_template: str | None = None   # tokenizer.chat_template (Jinja2), none by default
+    tokens: tuple[str, ...] = ()       # a byte-level BPE vocabulary of n_vocab texts (default: _tokens)
+    token_types: tuple[int, ...] = ()  # their tokenizer.ggml.token_type (default: all 1, normal)
+    merges: tuple[str, ...] = ()       # its tokenizer.ggml.merges, "a b" in rank order
 
 
 def _tokens(n_vocab: int) -> list[str]:
@@ -40,6 +43,23 @@ def _tokens(n_vocab: int) -> list[str]:
         toks.append(alphabet[i % 26] + alphabet[(i // 26) % 26])
         i += 1
     return toks
+
+
+def tokenizer_metadata(spec: TinySpec = TinySpec()) -> dict:
+    """The tokenizer.* metadata write_tiny_model writes for spec (for Tokenizer.from_metadata
+    without a file): a 'gpt2' vocabulary, BOS 0 (not added), EOS n_vocab - 1."""
+    toks = list(spec.tokens) or _tokens(spec.n_vocab)
+    if len(toks) != spec.n_vocab:
+        raise ValueError(f"TinySpec: {len(toks)} tokens for n_vocab {spec.n_vocab}")
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": toks,
+            "tokenizer.ggml.token_type": list(spec.token_types) or [1] * spec.n_vocab,
+            "tokenizer.ggml.merges": list(spec.merges),
+            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": spec.n_vocab - 1,
+            "tokenizer.ggml.add_bos_token": False}
+    if spec.chat_template is not None:
+        meta["tokenizer.chat_template"] = spec.chat_template
+    return meta
 
 
 # byte offsets of the fp16 super-block scales (d, and dmin where there is one) per K-quant,
@@ -81,12 +101,12 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
         w.add_key_length(Dh)
         w.add_value_length(Dh)
         w.add_sliding_window(spec.sliding_window or 4)
-    toks = _tokens(V)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(toks)
-    w.add_token_types([1] * V)
-    w.add_token_merges([])
+    meta = tokenizer_metadata(spec)
+    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    w.add_token_merges(meta["tokenizer.ggml.merges"])
     w.add_bos_token_id(0)
     w.add_eos_token_id(V - 1)
     w.add_add_bos_token(False)

@@ -53,12 +53,12 @@ class Conversation:
                  top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None,
                  ignore_eos: bool = False, draft_n: int | None = None, draft_p: float | None = None,
                  draft_policy=None, draft_model=None, draft_vocab: int | None = None,
-                 **lookup):
+                 draft_retokenize: bool = False, **lookup):
         self.model = model
         self.system = system
         self.n_ctx = int(n_ctx or model.n_ctx)
         options = DraftOptions.of(draft, draft_model, n=draft_n, p=draft_p, policy=draft_policy,
-                                  vocab=draft_vocab, **lookup)
+                                  vocab=draft_vocab, retokenize=draft_retokenize, **lookup)
         params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         self.runner = Runner(model, params, options, seed=seed, ignore_eos=ignore_eos,
                              n_ctx=self.n_ctx)

@@ -98,6 +98,9 @@ def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
                         "where narrower than stored (a different, smaller model)")
     g.add_argument("--quant-head", default=None, metavar="TYPE",
                    help="requantize the -m model's output head at load into TYPE (as --quant)")
+    g.add_argument("--draft-retokenize", action="store_true",
+                   help="the -md model drafts through text: greedy drafts re-encoded into the "
+                        "target's ids, so a draft with another tokenizer can draft (same output law)")
     g.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N", help="context size (default: min(4096, trained))")
     g.add_argument("-t", "--threads", type=int, default=0, metavar="N",
                    help="threads of the Numba kernels (default: all cores)")
@@ -255,7 +258,8 @@ def _draft_options(a):
     _quant(a, "draft")
     return DraftOptions(kind=a.draft, n=a.draft_n, p=a.draft_p, policy=a.draft_policy,
                         lookup_ngram_min=a.lookup_ngram_min, lookup_ngram_max=a.lookup_ngram_max,
-                        lookup_copy_ratio=a.lookup_copy_ratio, vocab=a.draft_vocab)
+                        lookup_copy_ratio=a.lookup_copy_ratio, vocab=a.draft_vocab,
+                        retokenize=a.draft_retokenize)
 
 
 def _quant(a, role: str) -> tuple[str | None, str | None]:

@@ -1,5 +1,8 @@
 """Can this draft model speak for this target?  The vocabulary check of llama.cpp's
-common_speculative_are_compatible, reported as one line that says everything that differs."""
+common_speculative_are_compatible, reported as one line that says everything that differs.
+
+A draft of another vocabulary can still draft through text (drafters/retok.py), but only when
+that is asked for: `check_compatible(..., retokenize=True)`, the --draft-retokenize flag."""
 from __future__ import annotations
 
 from ..errors import IncompatibleDraftError
@@ -30,9 +33,17 @@ def vocab_differences(target, draft) -> list[str]:
     return diffs
 
 
-def check_compatible(target, draft, target_name: str, draft_name: str) -> None:
-    """Raise IncompatibleDraftError naming both files and every difference."""
+RETOKENIZE_HINT = "--draft-retokenize (draft_retokenize=True) drafts with it through text"
+
+
+def check_compatible(target, draft, target_name: str, draft_name: str,
+                     retokenize: bool = False) -> None:
+    """Raise IncompatibleDraftError naming both files, every difference and the flag that
+    drafts through text; retokenize=True (that mode, named): any two vocabularies pass."""
+    if retokenize:
+        return
     diffs = vocab_differences(target, draft)
     if diffs:
         raise IncompatibleDraftError(
-            f"draft {draft_name} cannot be used with target {target_name}: " + "; ".join(diffs))
+            f"draft {draft_name} cannot be used with target {target_name}: " + "; ".join(diffs)
+            + f"; {RETOKENIZE_HINT}")

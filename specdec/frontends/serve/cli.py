@@ -36,7 +36,8 @@ def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
              if a.draft_model else None)
     if draft is not None:                               # -md alone drafts with the model
         from specdec.speculation.compat import check_compatible
-        check_compatible(target.tokenizer, draft.tokenizer, target.name, draft.name)
+        check_compatible(target.tokenizer, draft.tokenizer, target.name, draft.name,
+                         options.retokenize)
         options = options.with_model(draft)
     elif options.kind in ("model", "hybrid"):
         raise ConfigError(f"--draft {options.kind} needs a draft model (-md)")

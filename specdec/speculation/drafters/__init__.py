@@ -18,7 +18,8 @@ speculative example times its encode phase, not as drafting).
 
 Drafters here, one module each: model.ModelDrafter (a small model), lookup.PromptLookupDrafter
 (copies what followed an earlier occurrence of the context's last n-gram; q is one-hot),
-hybrid.HybridDrafter (lookup when it matches, the model otherwise); base.py the interface.  `make_drafter` builds one from a name, a Model or a Drafter.
+hybrid.HybridDrafter (lookup when it matches, the model otherwise), retok.RetokenizingDrafter (a
+draft model of another vocabulary, drafting greedily through text); base.py the interface.  `make_drafter` builds one from a name, a Model or a Drafter.
 Each Draft names its `source`, so statistics can be kept per drafter.
 """
 from __future__ import annotations
@@ -30,9 +31,11 @@ from .base import Draft, Drafter
 from .hybrid import HybridDrafter
 from .lookup import Match, NgramIndex, PromptLookupDrafter, check_lookup_options
 from .model import ModelDrafter
+from .retok import RetokenizingDrafter
 
 __all__ = ["DRAFTER_NAMES", "Draft", "Drafter", "HybridDrafter", "Match", "ModelDrafter",
-           "NgramIndex", "PromptLookupDrafter", "check_lookup_options", "make_drafter"]
+           "NgramIndex", "PromptLookupDrafter", "RetokenizingDrafter", "check_lookup_options",
+           "make_drafter"]
 
 
 DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid")
@@ -41,7 +44,7 @@ DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid")
 def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draft_p: float = 0.0,
                  n_ctx: int | None = None, lookup_ngram_min: int = 2,
                  lookup_ngram_max: int = 16, draft_vocab: int | None = None,
-                 lookup_copy_ratio: float = 1.0) -> Drafter:
+                 lookup_copy_ratio: float = 1.0, retokenize: bool = False) -> Drafter:
     """A Drafter for `target` (a specdec Model) from what the caller passed as `draft`:
 
       a Drafter object (has `propose`)   used as is;
@@ -53,15 +56,21 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
 
     draft_p: the model drafter's confidence floor (policy.p_min); draft_vocab: the draft model
     computes logits for ids below it only (None: all).  The draft model's
-    vocabulary is checked against the target's (compat.check_compatible)."""
+    vocabulary is checked against the target's (compat.check_compatible).
+    retokenize: the draft model drafts through text (RetokenizingDrafter, greedy drafts), with
+    any vocabulary; with the target's own vocabulary too (then it is exact and slower than
+    ModelDrafter, which drafts ids directly)."""
     n_vocab = int(target.config.n_vocab)
     n_ctx = int(n_ctx or target.n_ctx)
 
-    def model_drafter(m) -> ModelDrafter:
+    def model_drafter(m) -> Drafter:
         if m is None:
             raise ConfigError(f"--draft {draft} needs a draft model (-md / draft_model=)")
-        check_compatible(target.tokenizer, m.tokenizer, target.name, m.name)
-        return ModelDrafter(m.session(n_ctx, n_logits=draft_vocab), params, draft_p, n_vocab=n_vocab)
+        check_compatible(target.tokenizer, m.tokenizer, target.name, m.name, retokenize)
+        session = m.session(n_ctx, n_logits=draft_vocab)
+        if retokenize:
+            return RetokenizingDrafter(session, m.tokenizer, target.tokenizer, n_vocab, draft_p)
+        return ModelDrafter(session, params, draft_p, n_vocab=n_vocab)
 
     def lookup() -> PromptLookupDrafter:
         return PromptLookupDrafter(n_vocab, ngram_max=lookup_ngram_max, ngram_min=lookup_ngram_min,
