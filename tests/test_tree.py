@@ -145,3 +145,147 @@ def test_linear_tree_is_the_linear_rule():
         b = verify_tree(DraftTree(tuple(toks), tuple(range(-1, n - 1)), q), p, PathRng(path))
         assert (a.n_accepted, a.next_token, a.kind, a.records) == \
                (b.n_accepted, b.next_token, b.kind, b.linear.records)
+
+
+# ---- tree speculative decoding: drafters, the loop, exactness ---------------------------------
+
+import specdec.speculation.speculative as speculative                      # noqa: E402
+from fakes import PAIR_FACTORIES, RELATIONS                                 # noqa: E402
+from helpers import ListTrace, factories, sampling_params, target_law      # noqa: E402
+from specdec.errors import ConfigError                                      # noqa: E402
+from specdec.generate import generate_plain                                 # noqa: E402
+from specdec.sampling import GREEDY, NumpyRandom, SamplerParams             # noqa: E402
+from specdec.speculation.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter  # noqa: E402
+from specdec.speculation.policies import FixedLength                       # noqa: E402
+
+DRAFTERS = ("model", "prompt-lookup", "hybrid")
+
+
+def make(kind, draft, params, draft_p=0.0):
+    lookup = PromptLookupDrafter(draft.n_vocab, ngram_max=4, ngram_min=1)
+    model = ModelDrafter(draft, params, draft_p)
+    return {"model": model, "prompt-lookup": lookup, "hybrid": HybridDrafter(lookup, model)}[kind]
+
+
+def run_tree(target, drafter, prompt, n, params, rng, eog, draft_n, k, **kw):
+    return speculative.generate_speculative(target, drafter, prompt, n, params, rng, eog,
+                                            policy=FixedLength(draft_n), tree_k=k, **kw)
+
+
+@factories
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**20), prompt=st.lists(st.integers(0, 5), min_size=1, max_size=10),
+       relation=st.sampled_from(RELATIONS), kind=st.sampled_from(DRAFTERS),
+       draft_p=st.sampled_from([0.0, 0.5]), use_eog=st.booleans())
+def test_greedy_tree_speculative_equals_greedy_plain(factory, seed, prompt, relation, kind, draft_p,
+                                                     use_eog):
+    target, draft = factory(24, seed, relation)
+    eog = {23} if use_eog else set()
+    want = generate_plain(target, prompt, 16, GREEDY, NumpyRandom(0), eog)
+    for k in (1, 2, 3):
+        for draft_n in (1, 4):
+            sink = ListTrace()
+            got = run_tree(target, make(kind, draft, GREEDY, draft_p), prompt, 16, GREEDY,
+                           NumpyRandom(k), eog, draft_n, k, trace=sink)
+            assert got.ids == want.ids and got.stop_reason == want.stop_reason
+            assert got.stats.n_drafted == sum(r.n_nodes for r in sink.records)
+            assert all(r.n_branches <= k and 0 <= r.branch < max(1, r.n_branches) for r in sink.records)
+            if relation == "identical" and kind == "model" and draft_p == 0.0:
+                assert all(r.n_accepted == len(r.drafted) for r in sink.records)   # branch 0 wins
+
+
+@pytest.mark.parametrize("factory", list(PAIR_FACTORIES.values())[:1], ids=["fake"])
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**20), n_vocab=st.integers(2, 3), data=st.data(),
+       n_predict=st.integers(2, 3), draft_n=st.integers(1, 2), k=st.integers(2, 3),
+       relation=st.sampled_from(RELATIONS), params=sampling_params, kind=st.sampled_from(DRAFTERS),
+       use_eog=st.booleans())
+def test_tree_exact_output_law(factory, seed, n_vocab, data, n_predict, draft_n, k, relation, params,
+                               kind, use_eog):
+    """Every random branch (drafts, coins, corrections) weighted by its probability: the
+    output law of tree speculative decoding is exactly the target's."""
+    prompt = data.draw(st.lists(st.integers(0, n_vocab - 1), min_size=1, max_size=4))
+    target, draft = factory(n_vocab, seed, relation)
+    eog = {0} if use_eog else set()
+    drafter = make(kind, draft, params)
+
+    def run(rng):
+        res = run_tree(target, drafter, prompt, n_predict, params, rng, eog, draft_n, k)
+        return tuple(res.ids), res.stop_reason
+
+    got, want = enumerate_outcomes(run), target_law(target, prompt, n_predict, params, eog)
+    assert abs(sum(got.values()) - 1.0) < 1e-12
+    for key in set(got) | set(want):
+        assert abs(got.get(key, 0.0) - want.get(key, 0.0)) < 1e-12, key
+
+
+def test_tree_exact_output_law_synth():
+    """The same on a real forward pass (tiny GGUF transformers): the target verifies every
+    tree with eval_tree / commit_path."""
+    params = SamplerParams(temperature=1.2, top_k=0, top_p=1.0, min_p=0.0)
+    target, draft = PAIR_FACTORIES["synth"](3, 11, "good")
+    drafter = ModelDrafter(draft, params)
+
+    def run(rng):
+        return tuple(run_tree(target, drafter, [1, 2], 3, params, rng, set(), 2, 2).ids)
+
+    got = enumerate_outcomes(run)
+    want = {key[0]: v for key, v in target_law(target, [1, 2], 3, params, set()).items()}
+    assert set(got) == set(want) and max(abs(got[x] - want[x]) for x in want) < 1e-12
+
+
+def test_lookup_tree_copies_several_matches_as_a_trie():
+    d = PromptLookupDrafter(20, ngram_max=3, ngram_min=1, copy_ratio=0)
+    ctx = [1, 2, 5, 6, 9, 1, 2, 7, 8, 1, 2, 5, 6, 3, 1, 2]       # "1 2" was followed by 5 6, 7 8, 5 6
+    tree = d.propose_tree(ctx, 3, 3, NumpyRandom(0))
+    linear = d.propose(ctx, 3, NumpyRandom(0))
+    first = [tree.tokens[c] for c in tree.path(tree.leaves()[0])]
+    assert tuple(first) == linear.tokens == (5, 6, 3)
+    branches = {tuple(tree.tokens[c] for c in tree.path(leaf)) for leaf in tree.leaves()}
+    assert branches == {(5, 6, 3), (7, 8, 1), (5, 6, 9)}       # shared prefix 5 6: one trie path
+    assert len(tree.tokens) == 3 + 3 + 1 and (tree.q.sum(1) == 1).all()
+    assert d.propose_tree(ctx, 3, 1, NumpyRandom(0)).tokens == linear.tokens
+
+
+def test_model_tree_greedy_top_k_first_tokens():
+    target, draft = PAIR_FACTORIES["fake"](12, 3, "good")
+    drafter = ModelDrafter(draft, GREEDY)
+    tree = drafter.propose_tree([1, 2, 3], 3, 4, NumpyRandom(0))
+    roots = tree.children(-1)
+    row = draft.logit_fn((1, 2, 3))
+    assert [tree.tokens[c] for c in roots] == list(np.argsort(-row, kind="stable")[:4])
+    assert all(len(tree.path(leaf)) == 3 for leaf in tree.leaves()) and len(tree.leaves()) == 4
+    assert tree.tokens[:3] == drafter.propose([1, 2, 3], 3, NumpyRandom(0)).tokens
+
+
+def test_tree_options_and_errors():
+    from specdec.request import DraftOptions
+    assert DraftOptions(kind="prompt-lookup", tree=3).length_policy().n_max == 5    # threshold
+    for bad in (dict(tree=0), dict(tree=9), dict(tree=2.5), dict(tree=2, policy="adaptive")):
+        with pytest.raises(ConfigError) as e:
+            DraftOptions(kind="prompt-lookup", **bad)
+        assert "--draft-tree" in str(e.value) and "\n" not in str(e.value)
+    target, draft = PAIR_FACTORIES["fake"](8, 2, "good")
+    with pytest.raises(ConfigError):
+        run_tree(target, ModelDrafter(draft, GREEDY), [1], 5, GREEDY, NumpyRandom(0), set(), 2, 0)
+
+
+def test_trace_report_branches_line(tmp_path):
+    from specdec.frontends.report import branches_line, summarize
+    from specdec.speculation.trace import StepRecord, read_trace, JsonlTrace
+    target, draft = PAIR_FACTORIES["fake"](16, 4, "bad")
+    sink = ListTrace()
+    params = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    run_tree(target, ModelDrafter(draft, params), [1, 2], 40, params, NumpyRandom(1), set(), 3, 3,
+             trace=sink)
+    with JsonlTrace(tmp_path / "t.jsonl") as f:
+        for r in sink.records:
+            f.write(r)
+    assert read_trace(tmp_path / "t.jsonl") == sink.records
+    s = summarize(sink.records)
+    tree_steps = [r for r in sink.records if r.n_branches > 1]
+    assert s["branches"]["n_tree_steps"] == len(tree_steps) > 10
+    assert sum(s["branches"]["won_by_branch"]) == sum(r.n_accepted > 0 for r in tree_steps)
+    assert branches_line(s).startswith("branches: ")
+    old = sink.records[0].to_json().replace(', "branch": 0', "").replace(', "n_branches": 3', "")
+    assert StepRecord.from_json(old.split(', "n_nodes"')[0] + "}").n_branches == 1   # older traces

@@ -300,15 +300,16 @@ class ModelSession(Session):
             raise ValueError(f"eval_tree: {len(parents)} parents for {len(tokens)} tokens")
         start = self.cache.n_past
         logits = forward_tree(self.cfg, self.weights, self.cache, tokens, parents, self._head)
-        self._tree = (start, tuple(int(a) for a in parents))
+        self._tree = None
         _check_finite([self], [start], [logits])
+        self._tree = (start, tuple(int(a) for a in parents))
         return logits
 
     def commit_path(self, node_ids) -> None:
         """Keep the path node_ids (a root of the last eval_tree, then each node a child of the
         one before) in the cache after the context: its rows move into place, the rest of the
         tree is dropped; the cache then equals eval(the path's tokens) on the context."""
-        start, parents = getattr(self, "_tree", None) or (None, ())
+        start, parents = self._tree or (None, ())
         path = [int(i) for i in node_ids]
         if start is None or self.cache.n_past != start:
             raise ValueError("commit_path: no tree is pending (eval_tree first, no eval in between)")
@@ -333,7 +334,7 @@ class ModelSession(Session):
         self._tree = None
 
     def reset(self) -> None:
-        self.cache.truncate(0)
+        self.truncate(0)
 
 
 def eval_batch(sessions, token_lists, last_only: bool | Sequence[bool] = False) -> list[np.ndarray]:
