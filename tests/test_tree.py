@@ -289,3 +289,15 @@ def test_trace_report_branches_line(tmp_path):
     assert branches_line(s).startswith("branches: ")
     old = sink.records[0].to_json().replace(', "branch": 0', "").replace(', "n_branches": 3', "")
     assert StepRecord.from_json(old.split(', "n_nodes"')[0] + "}").n_branches == 1   # older traces
+
+
+@pytest.mark.parametrize("flags", [["--draft-tree", "0"], ["--draft-tree", "9"],
+                                   ["--draft-tree", "2", "--draft-policy", "adaptive"]])
+def test_cli_bad_draft_tree_exit_2(flags):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "specdec.frontends.cli", "run", "-p", "hi", *flags],
+                       capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "--draft-tree" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
