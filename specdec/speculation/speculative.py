@@ -8,7 +8,9 @@ at temperature 0, exactly its greedy output), whatever the drafter proposes.
 Cache invariant: between steps the target cache holds the accepted context minus its last
 token; each step feeds that token followed by the n drafted ones, so one eval of n + 1 rows
 gives p for every drafted position plus one beyond (the bonus).  The prompt is prefilled
-without its last token for the same reason.
+without its last token for the same reason.  With tree_k > 1 the step feeds that token as the
+root of a token tree of candidates (target.eval_tree) and keeps the accepted path
+(target.commit_path): the same invariant.
 
 Written once, as a coroutine over target passes (`speculative_steps` yields interfaces.Eval
 and is sent the logits); `generate_speculative` drives it alone, the server batches it with
