@@ -85,26 +85,33 @@ def _attention(q, k_cache, v_cache, positions, scale, window, g, out):
         two_k = bits.view(np.float32)
         attention_ir.scores(q, k_cache, scores, m, h0, g, kvh, j0, n)
         for r in range(g):
-            s = scores[r]                                  # (n,)
-            smax = np.float32(-np.inf)
-            for t in range(n):
-                s[t] = s[t] * scale
-                smax = max(smax, s[t])
-            for t in range(n):                             # e^(s - max) = e^r' · 2^k
-                e, k = exp_parts(s[t] - smax)
-                s[t] = e
-                bits[t] = (k + 127) << 23
-            part = np.zeros(_LANES, dtype=np.float64)
-            for t in range(n):
-                s[t] = s[t] * two_k[t]
-            n8 = n - n % _LANES
-            for t0 in range(0, n8, _LANES):
-                for j in range(_LANES):
-                    part[j] += s[t0 + j]
-            for t in range(n8, n):
-                part[t - n8] += s[t]
-            total = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]))
-            inv = np.float32(1.0 / total)
-            for t in range(n):
-                s[t] = s[t] * inv
+            softmax_row(scores[r], n, scale, bits, two_k)
         attention_ir.values(scores, v_cache, out, m, h0, g, kvh, j0, n)
+
+
+@njit(cache=True, nogil=True)
+def softmax_row(s, n, scale, bits, two_k):
+    """s[:n] <- softmax(scale * s[:n]) in place, with the fixed operation order of the module
+    docstring (attention_tree.py runs the same code on its gathered scores).
+    bits: (>= n,) int32 scratch, two_k its float32 view."""
+    smax = np.float32(-np.inf)
+    for t in range(n):
+        s[t] = s[t] * scale
+        smax = max(smax, s[t])
+    for t in range(n):                                 # e^(s - max) = e^r' · 2^k
+        e, k = exp_parts(s[t] - smax)
+        s[t] = e
+        bits[t] = (k + 127) << 23
+    part = np.zeros(_LANES, dtype=np.float64)
+    for t in range(n):
+        s[t] = s[t] * two_k[t]
+    n8 = n - n % _LANES
+    for t0 in range(0, n8, _LANES):
+        for j in range(_LANES):
+            part[j] += s[t0 + j]
+    for t in range(n8, n):
+        part[t - n8] += s[t]
+    total = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]))
+    inv = np.float32(1.0 / total)
+    for t in range(n):
+        s[t] = s[t] * inv

@@ -88,7 +88,8 @@ class Model:
                  draft_policy: "str | DraftPolicy | None" = None,
                  lookup_ngram_min: int = 2, lookup_ngram_max: int = 16,
                  draft_vocab: int | None = None, lookup_copy_ratio: float = 1.0,
-                 draft_retokenize: bool = False, ignore_eos: bool = False, n_ctx: int | None = None,
+                 draft_retokenize: bool = False, draft_tree: int = 1,
+                 ignore_eos: bool = False, n_ctx: int | None = None,
                  on_token: Callable[[int, str], None] | None = None,
                  trace: TraceSink | None = None) -> Completion:
         """Generate up to n_predict tokens after `prompt` (text with special tokens parsed and
@@ -104,6 +105,9 @@ class Model:
         the measured acceptance and costs), or a DraftPolicy object; see specdec.speculation.policies.
         draft_vocab: the draft model computes logits for token ids below it only (a cheaper
         draft over the common tokens; exactness is unaffected); 0: all.
+        draft_tree: verify up to this many candidate continuations per step in one target
+        pass (multi-candidate verification; 1: one linear draft), with draft_policy 'fixed'
+        or 'threshold' (the default then).
         Left out (None), draft_n, draft_p, draft_policy and draft_vocab take the defaults
         that measured fastest: a draft model drafts as 'hybrid' with the adaptive length in
         1..8 and its head trimmed to 32768 ids (request.DraftOptions); given, draft_n /
@@ -116,7 +120,7 @@ class Model:
                                   lookup_ngram_min=lookup_ngram_min,
                                   lookup_ngram_max=lookup_ngram_max,
                                   lookup_copy_ratio=lookup_copy_ratio, vocab=draft_vocab,
-                                  retokenize=draft_retokenize)
+                                  retokenize=draft_retokenize, tree=draft_tree)
         params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         runner = Runner(self, params, options, seed=seed, ignore_eos=ignore_eos, n_ctx=n_ctx)
         res = runner.run(prompt_ids, n_predict, on_token=on_token, trace=trace)

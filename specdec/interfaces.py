@@ -38,6 +38,10 @@ class Session(Protocol):
     def reset(self) -> None:
         """truncate(0)."""
 
+    # multi-candidate verification (--draft-tree) also needs, on the target:
+    #   eval_tree(tokens, parents) -> (T, n_logits): row i the logits after i's root-to-i path
+    #   commit_path(node_ids): keep that path's rows after the cache, drop the rest of the tree
+
 
 class Eval(NamedTuple):
     """A target pass a generation coroutine asks for: tokens appended to session's cache."""
@@ -46,7 +50,23 @@ class Eval(NamedTuple):
     last_only: bool = False   # logits of the last row only
 
 
-Steps = Generator[Eval, np.ndarray, "GenerationResult"]   # yields Evals, is sent their logits
+class EvalTree(NamedTuple):
+    """A target pass over a token tree after the session's cache (multi-candidate
+    verification): session.eval_tree(tokens, parents), logits (T, n_logits); the coroutine
+    then keeps one path with session.commit_path."""
+    session: Session
+    tokens: list[int]         # (T,) ids
+    parents: list[int]        # (T,) -1 (follows the cache) or an earlier node
+
+
+Steps = Generator["Eval | EvalTree", np.ndarray, "GenerationResult"]   # yields passes, is sent their logits
+
+
+def run_eval(ev: "Eval | EvalTree") -> np.ndarray:
+    """One pass on its own session."""
+    if isinstance(ev, EvalTree):
+        return ev.session.eval_tree(ev.tokens, ev.parents)
+    return ev.session.eval(ev.tokens, last_only=ev.last_only)
 
 
 def drive(steps: Steps) -> "GenerationResult":
@@ -54,7 +74,7 @@ def drive(steps: Steps) -> "GenerationResult":
     try:
         ev = next(steps)
         while True:
-            ev = steps.send(ev.session.eval(ev.tokens, last_only=ev.last_only))
+            ev = steps.send(run_eval(ev))
     except StopIteration as done:
         return done.value
 

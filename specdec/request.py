@@ -18,9 +18,10 @@ from .speculation.drafters import DRAFTER_NAMES, Drafter, check_lookup_options, 
 from .errors import ConfigError, ContextOverflowError
 from .generate import plain_steps
 from .interfaces import GenerationResult, OnToken, Session, SpecStats, Steps, Timings, drive
-from .speculation.policies import POLICY_NAMES, DraftPolicy, check_draft_n, check_draft_p, make_policy
+from .speculation.policies import (POLICY_NAMES, DraftPolicy, FixedLength, check_draft_n, check_draft_p,
+                                   make_policy)
 from .sampling import NumpyRandom, SamplerParams
-from .speculation.speculative import speculative_steps
+from .speculation.speculative import check_tree_k, speculative_steps
 from .speculation.trace import TraceSink
 
 if TYPE_CHECKING:
@@ -43,7 +44,9 @@ class DraftOptions:
     up to n and a model draft stops below confidence p, 'fixed' n, 'adaptive' 1..n).  vocab:
     the draft model computes logits for ids below it only (0: all).  retokenize: the draft
     model drafts through text (drafters.RetokenizingDrafter: greedy drafts, any vocabulary;
-    required when its vocabulary is not the target's).
+    required when its vocabulary is not the target's).  tree: candidate
+    continuations verified per step in one target pass (multi-candidate verification,
+    speculation/tree_verify.py; 1: the linear draft), with the fixed or threshold policy.
 
     Defaults that pay (`auto`): with none of n, p, policy given, a draft model drafts as
     'hybrid' (prompt lookup where the context repeats itself, the model elsewhere) with the
@@ -62,6 +65,7 @@ class DraftOptions:
     lookup_copy_ratio: float = 1.0
     vocab: int | None = None
     retokenize: bool = False
+    tree: int = 1
 
     def __post_init__(self) -> None:
         if self.kind is not None and self.kind not in DRAFTER_NAMES:
@@ -80,6 +84,9 @@ class DraftOptions:
             raise ConfigError("--draft-retokenize is for a draft model (-md); prompt lookup copies target ids")
         if self.vocab is not None and (int(self.vocab) != self.vocab or self.vocab < 0):
             raise ConfigError(f"--draft-vocab must be an integer >= 1 (0: all ids), got {self.vocab}")
+        check_tree_k(self.tree)
+        if self.tree > 1 and not isinstance(self.length_policy(), FixedLength):
+            raise ConfigError("--draft-tree works with --draft-policy fixed or threshold, not adaptive")
 
     @property
     def enabled(self) -> bool:
@@ -99,7 +106,10 @@ class DraftOptions:
         return "hybrid" if self.auto else "model"
 
     def length_policy(self) -> DraftPolicy:
-        """The draft-length policy these options name (class docstring)."""
+        """The draft-length policy these options name (class docstring); with tree > 1 and
+        no length setting, llama.cpp's threshold (SEED_N, SEED_P)."""
+        if self.auto and self.tree > 1:
+            return make_policy("threshold", SEED_N, SEED_P)
         if self.auto:
             return make_policy("adaptive", AUTO_N_MAX)
         return make_policy(self.policy or "threshold", SEED_N if self.n is None else self.n,
@@ -127,7 +137,8 @@ class DraftOptions:
         how = {"FixedLength": f"fixed {pol.n_max}", "Threshold": f"up to {pol.n_max}, p >= {pol.p_min:g}",
                "AdaptiveLength": f"adaptive 1..{pol.n_max}"}.get(type(pol).__name__, type(pol).__name__)
         vocab = self.draft_vocab(self.model) if kind in ("model", "hybrid") else None
-        return (f"{kind}, {how}" + (f", draft vocab {vocab}" if vocab else "")
+        return (f"{kind}, {how}" + (f", {self.tree} branches" if self.tree > 1 else "")
+                + (f", draft vocab {vocab}" if vocab else "")
                 + (", through text" if self.retokenize else "") + (" (defaults)" if self.auto else ""))
 
     @classmethod
@@ -184,6 +195,7 @@ class Runner:
         self.n_ctx = int(n_ctx or model.n_ctx)
         self.target = session if session is not None else model.session(self.n_ctx)
         self.drafter, self.policy = draft.build(model, params, self.n_ctx)
+        self.tree_k = draft.tree
 
     def steps(self, prompt_ids: Sequence[int], n_predict: int, *, on_token: OnToken | None = None,
               trace: TraceSink | None = None, n_keep: int = 0) -> Steps:
@@ -195,7 +207,8 @@ class Runner:
             return plain_steps(self.target, prompt_ids, n_predict, self.params, self.rng,
                                self.eog, on_token, n_keep=n_keep)
         return speculative_steps(self.target, self.drafter, prompt_ids, n_predict, self.params,
-                                 self.rng, self.eog, self.policy, on_token, trace, n_keep=n_keep)
+                                 self.rng, self.eog, self.policy, on_token, trace, n_keep=n_keep,
+                                 tree_k=self.tree_k)
 
     def run(self, prompt_ids: Sequence[int], n_predict: int, **kw) -> GenerationResult:
         """One request alone (keywords as `steps`)."""

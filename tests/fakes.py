@@ -90,6 +90,29 @@ class FakeSession:
         out = np.stack(rows).astype(np.float32)          # (M, V)
         return out[-1:] if last_only else out
 
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Row i: the logits after the context and node i's root-to-i path."""
+        tokens, parents = [int(t) for t in tokens], [int(a) for a in parents]
+        if not tokens or len(parents) != len(tokens) or any(not -1 <= a < i for i, a in enumerate(parents)):
+            raise ValueError("eval_tree needs tokens and parents (-1 or an earlier node) of one length")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ValueError(f"context overflow: {self.n_past} + {len(tokens)} > {self.n_ctx}")
+        paths: list[list[int]] = []
+        for t, a in zip(tokens, parents):
+            paths.append((paths[a] if a >= 0 else []) + [t])
+        self._tree = (self.n_past, parents, paths)
+        self.n_evals += 1
+        self.n_rows += len(tokens)
+        return np.stack([self.logit_fn(tuple(self.tokens + path)) for path in paths]).astype(np.float32)
+
+    def commit_path(self, node_ids: Sequence[int]) -> None:
+        start, parents, paths = self._tree
+        path = list(node_ids)
+        assert start == self.n_past and all(parents[c] == (path[d - 1] if d else -1)
+                                            for d, c in enumerate(path))
+        self.tokens.extend(paths[path[-1]] if path else [])
+        self._tree = None
+
     def truncate(self, n: int) -> None:
         if not 0 <= n <= self.n_past:
             raise ValueError(f"cannot truncate {self.n_past} tokens to {n}")
@@ -140,6 +163,19 @@ class Recorder:
         self.n_rows += len(tokens)
         assert self.session.n_past == len(self.tokens)
         return out
+
+    def eval_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        with one_thread():
+            out = self.session.eval_tree(tokens, parents)
+        self._tree = ([int(t) for t in tokens], [int(a) for a in parents])
+        self.n_evals += 1
+        self.n_rows += len(tokens)
+        return out
+
+    def commit_path(self, node_ids: Sequence[int]) -> None:
+        self.session.commit_path(node_ids)
+        self.tokens.extend(self._tree[0][c] for c in node_ids)
+        assert self.session.n_past == len(self.tokens)
 
     def truncate(self, n: int) -> None:
         self.session.truncate(n)

@@ -53,6 +53,20 @@ class KVCache:
         self.k[il][:, pos // KV_BLOCK, :, pos % KV_BLOCK] = k     # (m, n_head_kv, d_head)
         self.v[il, :, start:start + m, :] = v.transpose(1, 0, 2)
 
+    def move(self, src, dst: int) -> None:
+        """Copy the rows at slots src (ascending, src[j] >= dst + j) to dst, dst+1, ... and set
+        n_past = dst + len(src): a tree's accepted path put in place (model.commit_path)."""
+        src = np.asarray(src, dtype=np.int64)
+        dest = np.arange(dst, dst + len(src))
+        if len(src) and (src.max() >= self.n_ctx or np.any(src < dest)):
+            raise ValueError(f"cannot move cache rows {src.tolist()} to {dst}..")
+        if not np.array_equal(src, dest):
+            for il in range(self.k.shape[0]):
+                k = self.k[il][:, src // KV_BLOCK, :, src % KV_BLOCK]     # (m, Hkv, Dh) copies
+                self.k[il][:, dest // KV_BLOCK, :, dest % KV_BLOCK] = k
+                self.v[il][:, dest] = self.v[il][:, src]
+        self.n_past = dst + len(src)
+
     def keys(self) -> np.ndarray:
         """A copy of the keys as (n_layer, n_head_kv, n_ctx, d_head)."""
         nl, hkv, nb, dh, kb = self.k.shape

@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType
 from .. import kernels
 from ..kernels import repack
 from ..kernels.attention import attention
+from ..kernels.attention_tree import attention_tree, tree_mask
 from ..kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_sin, swiglu
 
 from .config import ROPE_NEOX, ModelConfig
@@ -170,8 +171,25 @@ def forward_batch(cfg: ModelConfig, weights: Weights, items, head: Linear | None
     return _forward(cfg, weights, [(c, t, c.n_past, lo) for c, t, lo in items], head)
 
 
-def _forward(cfg: ModelConfig, w: Weights, items, head: Linear | None) -> list[np.ndarray]:
-    """The body of forward and forward_batch.   items: (cache, tokens, start_pos, last_only)."""
+def forward_tree(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray,
+                 parents: np.ndarray, head: Linear | None = None) -> np.ndarray:
+    """A token tree after the cache's n_past rows, in one pass: tokens (T,), parents (T,)
+    (-1: a root, else an earlier node) -> logits (T, V), row i those of i's root-to-i path
+    evaluated alone after the context (bitwise: kernels/attention_tree.py).
+
+    Node i's keys/values go to slot n_past + i at RoPE position n_past + depth(i); n_past is
+    left as it was (the tree rows are pending until KVCache.move puts a path in place)."""
+    start = cache.n_past
+    depth, anc = tree_mask(np.asarray(parents, np.int64))
+    out = _forward(cfg, w, [(cache, tokens, start, False)], head, tree=(depth, anc))[0]
+    cache.n_past = start
+    return out
+
+
+def _forward(cfg: ModelConfig, w: Weights, items, head: Linear | None,
+             tree: tuple[np.ndarray, np.ndarray] | None = None) -> list[np.ndarray]:
+    """The body of forward, forward_batch and forward_tree.   items: (cache, tokens,
+    start_pos, last_only); tree: (depth (T,), anc (T, T)) of a single item's tree_mask."""
     H, Hkv, Dh, D = cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_model
     toks = [np.asarray(t, np.int64) for _, t, _, _ in items]                      # (M_i,) each
     if not items or min(len(t) for t in toks) == 0:
@@ -186,6 +204,8 @@ def _forward(cfg: ModelConfig, w: Weights, items, head: Linear | None) -> list[n
     M = int(ends[-1])                                                             # ΣM_i
     pos = np.concatenate([np.arange(s, s + len(t), dtype=np.int64)              # (M,) each row's
                           for (_, _, s, _), t in zip(items, toks)])               # own position
+    if tree is not None:
+        pos = items[0][2] + tree[0]                                               # n_past + depth
     neox = cfg.rope_type == ROPE_NEOX
     gemma = cfg.arch == "gemma3"
     x = kernels.get_rows(w.tok_embd, w.tok_embd_type, np.concatenate(toks), D)  # (M, D)
@@ -212,9 +232,12 @@ def _forward(cfg: ModelConfig, w: Weights, items, head: Linear | None) -> list[n
             q *= np.float32(cfg.attn_scale)
         for (cache, _, start, _), r in zip(items, rows):
             cache.store(il, start, k[r], v[r])                                   # (M_i, Hkv, Dh)
-            attention(q[r], cache.k[il], cache.v[il], pos[r],                    # (M_i, H, Dh)
-                      np.float32(1.0 if gemma else cfg.attn_scale),
-                      cfg.sliding_window if local else 0, att[r])
+            scale = np.float32(1.0 if gemma else cfg.attn_scale)
+            window = cfg.sliding_window if local else 0
+            if tree is None:
+                attention(q[r], cache.k[il], cache.v[il], pos[r], scale, window, att[r])  # (M_i, H, Dh)
+            else:
+                attention_tree(q, cache.k[il], cache.v[il], start, tree[0], tree[1], scale, window, att)
         o = L.wo(att.reshape(M, H * Dh))                                         # (M, D)
         if L.post_attn_norm is not None:
             rms_norm(o, L.post_attn_norm, cfg.norm_eps, o)
@@ -247,7 +270,8 @@ class ModelSession(Session):
     generation and speculation drive.
 
     eval(tokens) appends tokens at positions n_past.. and returns their logits (M, n_logits);
-    truncate(n) rolls the cache back to its first n tokens in O(1).
+    truncate(n) rolls the cache back to its first n tokens in O(1); eval_tree(tokens, parents)
+    evaluates a token tree in one pass and commit_path(node_ids) keeps one of its paths.
 
     n_logits < V computes the logits of token ids 0..n_logits-1 only: the output layer is a
     zero-copy view of its first n_logits rows, so a draft model reads that much less of its
@@ -258,6 +282,7 @@ class ModelSession(Session):
                  source: str = "model"):
         self.cfg, self.weights, self.source = cfg, weights, source
         self.cache = KVCache(cfg.n_layer, cfg.n_head_kv, n_ctx, cfg.d_head)
+        self._tree: tuple[int, tuple[int, ...]] | None = None   # (start, parents) of eval_tree
         self.n_logits = cfg.n_vocab if n_logits is None else int(n_logits)
         if not 1 <= self.n_logits <= cfg.n_vocab:
             raise ConfigError(f"--draft-vocab must be in 1..{cfg.n_vocab}, got {n_logits}")
@@ -277,6 +302,7 @@ class ModelSession(Session):
 
     def eval(self, tokens, last_only: bool = False) -> np.ndarray:
         tokens = self._checked(tokens)
+        self._tree = None
         start = self.cache.n_past
         logits = self._trim(forward(self.cfg, self.weights, self.cache, tokens, start, last_only,
                                     self._head))
@@ -286,6 +312,36 @@ class ModelSession(Session):
     def _trim(self, logits: np.ndarray) -> np.ndarray:
         """(M, n_rows) -> (M, n_logits): the head's rows past n_logits (a record's tail)."""
         return logits if logits.shape[1] == self.n_logits else np.ascontiguousarray(logits[:, :self.n_logits])
+    def eval_tree(self, tokens, parents) -> np.ndarray:
+        """Evaluate a token tree after the cached context in one pass: tokens (T,), parents
+        (T,) with parents[i] = -1 (a root: it follows the context) or an earlier node.
+        Returns logits (T, n_logits); row i is bitwise the last row of eval(path to i) on this
+        cache (node i attends to the context and its ancestors only; RoPE position n_past +
+        depth).  n_past does not change: `commit_path` keeps one root-to-node path."""
+        tokens = self._checked(tokens)
+        parents = np.asarray(parents, dtype=np.int64)
+        if parents.shape != tokens.shape:
+            raise ValueError(f"eval_tree: {len(parents)} parents for {len(tokens)} tokens")
+        start = self.cache.n_past
+        logits = self._trim(forward_tree(self.cfg, self.weights, self.cache, tokens, parents, self._head))
+        self._tree = None
+        _check_finite([self], [start], [logits])
+        self._tree = (start, tuple(int(a) for a in parents))
+        return logits
+
+    def commit_path(self, node_ids) -> None:
+        """Keep the path node_ids (a root of the last eval_tree, then each node a child of the
+        one before) in the cache after the context: its rows move into place, the rest of the
+        tree is dropped; the cache then equals eval(the path's tokens) on the context."""
+        start, parents = self._tree or (None, ())
+        path = [int(i) for i in node_ids]
+        if start is None or self.cache.n_past != start:
+            raise ValueError("commit_path: no tree is pending (eval_tree first, no eval in between)")
+        for d, i in enumerate(path):
+            if not 0 <= i < len(parents) or parents[i] != (path[d - 1] if d else -1):
+                raise ValueError(f"commit_path: {path} is not a root-to-node path of the tree")
+        self.cache.move([start + i for i in path], start)
+        self._tree = None
 
     def _checked(self, tokens) -> np.ndarray:
         """tokens as (M,) int64 after the checks of eval: non-empty, ids in range, room left."""
@@ -299,9 +355,10 @@ class ModelSession(Session):
 
     def truncate(self, n: int) -> None:
         self.cache.truncate(n)
+        self._tree = None
 
     def reset(self) -> None:
-        self.cache.truncate(0)
+        self.truncate(0)
 
 
 def eval_batch(sessions, token_lists, last_only: bool | Sequence[bool] = False) -> list[np.ndarray]:

@@ -84,6 +84,10 @@ def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
     g.add_argument("--lookup-ngram-max", type=int, default=16, help="prompt lookup: longest n-gram matched (default: 16)")
     g.add_argument("--lookup-copy-ratio", type=float, default=1.0, metavar="R",
                    help="prompt lookup: a match of n tokens copies at most R*n tokens (0: --draft-n; default: 1)")
+    g.add_argument("--draft-tree", type=int, default=1, metavar="K",
+                   help="verify up to K candidate continuations per step in one target pass (a token "
+                        "tree: prompt lookup's several matches, the draft model's K first tokens); "
+                        "1: one linear draft (default); with --draft-policy fixed or threshold")
     g.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="the draft model computes logits for token ids < N only: a cheaper draft "
                         "over the common tokens, same output law (0: all; default: 32768 for "
@@ -259,7 +263,7 @@ def _draft_options(a):
     return DraftOptions(kind=a.draft, n=a.draft_n, p=a.draft_p, policy=a.draft_policy,
                         lookup_ngram_min=a.lookup_ngram_min, lookup_ngram_max=a.lookup_ngram_max,
                         lookup_copy_ratio=a.lookup_copy_ratio, vocab=a.draft_vocab,
-                        retokenize=a.draft_retokenize)
+                        retokenize=a.draft_retokenize, tree=a.draft_tree)
 
 
 def _quant(a, role: str) -> tuple[str | None, str | None]:
@@ -402,13 +406,15 @@ def cmd_serve(a) -> int:
 
 
 def cmd_trace_report(a) -> int:
-    from .report import trace_report
+    from .report import branches_line, trace_report
     out, s = trace_report(a.trace, a.output)
     by_pos = " ".join("-" if r["measured"] is None else f"{r['measured']:.2f}" for r in s["by_position"])
     print(f"{out}: {s['n_steps']} steps, {s['n_emitted']} tokens, {s['tokens_per_step']:.2f} tokens/step, "
           f"{s['acceptance_rate']:.1%} of drafted tokens accepted; at verified positions predicted "
           f"1 - TV(p, q) {s['predicted_acceptance']:.1%} vs measured {s['measured_acceptance']:.1%}; "
           f"by position: {by_pos or '-'}")
+    if branches_line(s):
+        print(branches_line(s))
     return 0
 
 

@@ -7,6 +7,8 @@ Four panels, p the target's distribution and q the draft's:
      min(1, p/q), so everything right of 1 is accepted for sure);
   3. tokens emitted (and drafted) per verification step over the request;
   4. predicted acceptance 1 - TV(p, q) beside the measured acceptance, cumulative over steps.
+Multi-candidate traces (--draft-tree) add a line on their branches: candidates per step and
+which branch won; the panels show each step's verified branch.
 
 matplotlib is an optional dependency (the `bench` extra): it is imported only here, with the
 Agg backend, and its absence is a one-line error.
@@ -72,7 +74,7 @@ def summarize(records: list[StepRecord]) -> dict:
             reached[i] += 1
             accepted[i] += bool(ok)
             alpha[i] += r.alpha[i]
-    n_drafted = sum(len(r.drafted) for r in records)
+    n_drafted = sum(r.n_nodes or len(r.drafted) for r in records)
     n_emitted = sum(len(r.emitted) for r in records)
     n_reached, n_accepted = int(reached.sum()), int(accepted.sum())
     return {
@@ -86,7 +88,29 @@ def summarize(records: list[StepRecord]) -> dict:
                          "measured": float(accepted[i] / reached[i]) if reached[i] else None,
                          "predicted": float(alpha[i] / reached[i]) if reached[i] else None}
                         for i in range(n_pos)],
+        "branches": branches(records),
     }
+
+
+def branches(records: list[StepRecord]) -> dict:
+    """Multi-candidate steps: how many candidates they verified, and how often the verified
+    branch was the first one (a linear draft would have found the same) or another."""
+    tree = [r for r in records if r.n_branches > 1]
+    won = np.bincount([r.branch for r in tree if r.n_accepted > 0], minlength=1)
+    return {"n_tree_steps": len(tree),
+            "mean_branches": float(np.mean([r.n_branches for r in tree])) if tree else 0.0,
+            "won_by_branch": [int(c) for c in won],          # [b]: steps whose accepted path is on branch b
+            "won_off_first": int(won[1:].sum())}
+
+
+def branches_line(s: dict) -> str:
+    """One line on the candidates of multi-candidate steps, '' when there were none."""
+    b = s["branches"]
+    if not b["n_tree_steps"]:
+        return ""
+    won = " ".join(f"{i}:{c}" for i, c in enumerate(b["won_by_branch"]))
+    return (f"branches: {b['n_tree_steps']} tree steps, {b['mean_branches']:.2f} candidates per step; "
+            f"steps that accepted a token, by winning branch {won}; {b['won_off_first']} won off the first branch")
 
 
 def trace_report(trace_path: str | Path, out_png: str | Path | None = None) -> tuple[Path, dict]:
@@ -100,10 +124,11 @@ def trace_report(trace_path: str | Path, out_png: str | Path | None = None) -> t
     _ratios(ax[0, 1], records)
     _tokens_per_step(ax[1, 0], records)
     _predicted_vs_measured(ax[1, 1], records)
-    fig.suptitle(f"{Path(trace_path).name}: {s['n_steps']} steps, {s['n_emitted']} tokens, "
-                 f"{s['tokens_per_step']:.2f} tokens/step; {s['acceptance_rate']:.1%} of drafted tokens "
-                 f"accepted; at verified positions measured {s['measured_acceptance']:.1%}, predicted "
-                 f"{s['predicted_acceptance']:.1%}", fontsize=10)
+    title = (f"{Path(trace_path).name}: {s['n_steps']} steps, {s['n_emitted']} tokens, "
+             f"{s['tokens_per_step']:.2f} tokens/step; {s['acceptance_rate']:.1%} of drafted tokens "
+             f"accepted; at verified positions measured {s['measured_acceptance']:.1%}, predicted "
+             f"{s['predicted_acceptance']:.1%}")
+    fig.suptitle(title + ("\n" + branches_line(s) if branches_line(s) else ""), fontsize=10)
     fig.tight_layout()
     try:
         fig.savefig(out, dpi=110)

@@ -8,7 +8,9 @@ at temperature 0, exactly its greedy output), whatever the drafter proposes.
 Cache invariant: between steps the target cache holds the accepted context minus its last
 token; each step feeds that token followed by the n drafted ones, so one eval of n + 1 rows
 gives p for every drafted position plus one beyond (the bonus).  The prompt is prefilled
-without its last token for the same reason.
+without its last token for the same reason.  With tree_k > 1 the step feeds that token as the
+root of a token tree of candidates (target.eval_tree) and keeps the accepted path
+(target.commit_path): the same invariant.
 
 Written once, as a coroutine over target passes (`speculative_steps` yields interfaces.Eval
 and is sent the logits); `generate_speculative` drives it alone, the server batches it with
@@ -33,16 +35,20 @@ from typing import Callable, Collection, Sequence
 import numpy as np
 
 from .drafters import Draft, Drafter
-from ..errors import IncompatibleDraftError
+from .drafters.base import DraftTree
+from ..errors import ConfigError, IncompatibleDraftError
 from ..generate import check_request, kept_prefix
-from ..interfaces import (DrafterStats, Eval, GenerationResult, OnToken, Session, SpecStats, Steps,
-                         drive, make_timings)
+from ..interfaces import (DrafterStats, Eval, EvalTree, GenerationResult, OnToken, Session, SpecStats,
+                          Steps, drive, make_timings)
 from .policies import DRAFT_N_MAX, DraftPolicy, FixedLength, StepFeedback, check_draft_n
 from ..sampling import Rng, SamplerParams, probs_rows
 from .trace import TraceSink, step_record
+from .tree_verify import verify_tree
 from .verify import VerifyResult, verify
 
-__all__ = ["DRAFT_N_MAX", "DrafterStats", "SpecStats", "check_draft_n", "generate_speculative",
+TREE_K_MAX = 8          # most branches of --draft-tree
+
+__all__ = ["DRAFT_N_MAX", "TREE_K_MAX", "check_tree_k", "DrafterStats", "SpecStats", "check_draft_n", "generate_speculative",
            "spec_stats", "speculative_steps"]
 
 
@@ -51,10 +57,11 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
                       eog_ids: Collection[int], policy: DraftPolicy,
                       on_token: OnToken | None = None, trace: TraceSink | None = None,
                       clock: Callable[[], float] = time.perf_counter, *,
-                      n_keep: int = 0) -> Steps:
+                      n_keep: int = 0, tree_k: int = 1) -> Steps:
     """The coroutine behind `generate_speculative`: yields one Eval per target pass (the
-    prompt, then one verification pass per step)."""
+    prompt, then one verification pass per step; an EvalTree per step when tree_k > 1)."""
     check_draft_n(policy.n_max)
+    check_tree_k(tree_k)
     check_request(target, prompt_ids, n_predict)
     if drafter.n_vocab != target.n_vocab:
         raise IncompatibleDraftError(
@@ -82,26 +89,31 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
         if int(asked) != asked or not 0 <= asked <= policy.n_max:
             raise ValueError(f"draft policy asked for {asked} tokens, outside 0..{policy.n_max}")
         n_max = min(asked, n_predict - len(ids) - 1, room)
-        # 1. draft: x_1..x_n ~ q, with q_i the law each x_i was drawn from
-        draft = drafter.propose(ctx, n_max, rng) if n_max > 0 else Draft.empty(target.n_vocab)
-        n = len(draft.tokens)
-        if n > n_max:
-            raise ValueError(f"drafter proposed {n} tokens, at most {n_max} were asked for")
-        timer.lap("draft")
-        # 2. one target pass over [last token, x_1..x_n]: p_1..p_{n+1}
-        logits = yield Eval(target, [ctx[-1], *draft.tokens])   # (n+1, V)
-        p = probs_rows(logits, params)                          # (n+1, V)
-        # 3. accept x_i with prob min(1, p_i/q_i); the first rejection resamples from
-        #    norm(max(0, p_i - q_i)), all accepted draws a bonus from p_{n+1}
-        res = verify(draft.tokens, draft.q, p, rng)
-        # 4. roll the caches back to the accepted context
-        target.truncate(target.n_past - (n - res.n_accepted))
-        timer.lap("verify")
+        if tree_k > 1:                                    # k branches, at most room rows in all
+            res, drafted, q_rows, p_rows, branch, n_drafted, source = yield from _tree_step(
+                target, drafter, ctx, min(n_max, room // tree_k), tree_k, params, rng, timer)
+        else:
+            # 1. draft: x_1..x_n ~ q, with q_i the law each x_i was drawn from
+            draft = drafter.propose(ctx, n_max, rng) if n_max > 0 else Draft.empty(target.n_vocab)
+            n = len(draft.tokens)
+            if n > n_max:
+                raise ValueError(f"drafter proposed {n} tokens, at most {n_max} were asked for")
+            timer.lap("draft")
+            # 2. one target pass over [last token, x_1..x_n]: p_1..p_{n+1}
+            logits = yield Eval(target, [ctx[-1], *draft.tokens])   # (n+1, V)
+            p = probs_rows(logits, params)                          # (n+1, V)
+            # 3. accept x_i with prob min(1, p_i/q_i); the first rejection resamples from
+            #    norm(max(0, p_i - q_i)), all accepted draws a bonus from p_{n+1}
+            res = verify(draft.tokens, draft.q, p, rng)
+            # 4. roll the caches back to the accepted context
+            target.truncate(target.n_past - (n - res.n_accepted))
+            timer.lap("verify")
+            drafted, q_rows, p_rows, branch, n_drafted, source = draft.tokens, draft.q, p, (0, 1), n, draft.source
         drafter.accept(res.n_accepted, res.next_token)
         timer.lap("draft")
         emitted: list[int] = []
         kinds = ["accepted"] * res.n_accepted + [res.kind]
-        for token, kind in zip([*draft.tokens[: res.n_accepted], res.next_token], kinds):
+        for token, kind in zip([*drafted[: res.n_accepted], res.next_token], kinds):
             if token in eog_ids:
                 stop = "eog"
                 break
@@ -109,20 +121,48 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
             if on_token is not None and on_token(token, kind):
                 stop = "stop"
                 break
-        steps.append(_Step(n_drafted=n, result=res, draft_s=timer.spent["draft"],
-                           verify_s=timer.spent["verify"], source=draft.source, n_max=n_max,
+        steps.append(_Step(n_drafted=n_drafted, result=res, draft_s=timer.spent["draft"],
+                           verify_s=timer.spent["verify"], source=source, n_max=n_max,
                            asked=asked))
-        policy.observe(StepFeedback(draft.source, n_max, n, len(res.records), res.n_accepted,
+        policy.observe(StepFeedback(source, n_max, n_drafted, len(res.records), res.n_accepted,
                                     steps[-1].draft_s, steps[-1].verify_s, key))
         if trace is not None:
-            trace.write(step_record(len(steps) - 1, len(ctx), draft.tokens, draft.q, p, res,
-                                    emitted, stop == "eog", steps[-1].draft_s, steps[-1].verify_s))
+            trace.write(step_record(len(steps) - 1, len(ctx), drafted, q_rows, p_rows, res,
+                                    emitted, stop == "eog", steps[-1].draft_s, steps[-1].verify_s,
+                                    branch=branch[0], n_branches=branch[1], n_nodes=n_drafted))
         ids += emitted
         ctx += emitted
     t2 = clock()
     timings = make_timings(t1 - t0, t2 - t1, len(ids))
     stats = spec_stats(steps, policy.n_max, len(ids), timings.tokens_per_s)
     return GenerationResult(ids, len(prompt_ids), timings, stop, stats)
+
+
+def check_tree_k(k: int) -> None:
+    if int(k) != k or not 1 <= k <= TREE_K_MAX:
+        raise ConfigError(f"--draft-tree must be an integer in 1..{TREE_K_MAX}, got {k}")
+
+
+def _tree_step(target: Session, drafter: Drafter, ctx: list[int], n_max: int, k: int,
+               params: SamplerParams, rng: Rng, timer: "_StepTimer"):
+    """One multi-candidate step (tree_verify.py): draft up to k branches of at most n_max
+    tokens, one target pass over the tree rooted at the last token, walk it, keep the accepted
+    path in the target cache.  Returns (the verified branch's linear VerifyResult, its tokens,
+    q rows, p rows (n+1, V), (branch, n_branches), tree nodes, source)."""
+    tree = drafter.propose_tree(ctx, n_max, k, rng) if n_max > 0 else DraftTree.of(Draft.empty(target.n_vocab))
+    depth = max((len(tree.path(i)) for i in range(len(tree.tokens))), default=0)
+    if depth > n_max or len(tree.leaves()) > k:
+        raise ValueError(f"drafter proposed a tree of depth {depth} with {len(tree.leaves())} "
+                         f"branches, at most {n_max} and {k} were asked for")
+    timer.lap("draft")
+    logits = yield EvalTree(target, [ctx[-1], *tree.tokens], [-1, *(a + 1 for a in tree.parents)])
+    p = probs_rows(logits, params)                                # (n+1, V) row 0: after ctx
+    res = verify_tree(tree, p, rng)
+    target.commit_path([0, *(c + 1 for c in res.path)])          # ctx + the accepted path
+    timer.lap("verify")
+    nodes = tree.path(tree.leaves()[res.branch]) if tree.tokens else []
+    return (res.linear, tuple(tree.tokens[c] for c in nodes), tree.q[nodes],
+            p[[0, *(c + 1 for c in nodes)]], (res.branch, res.n_branches), len(tree.tokens), tree.source)
 
 
 def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence[int],
@@ -132,7 +172,7 @@ def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence
                          trace: TraceSink | None = None,
                          policy: DraftPolicy | None = None,
                          clock: Callable[[], float] = time.perf_counter, *,
-                         n_keep: int = 0) -> GenerationResult:
+                         n_keep: int = 0, tree_k: int = 1) -> GenerationResult:
     """Sample up to n_predict tokens from the target, drafting up to policy.next_n() per step
     (policy None: FixedLength(draft_n); draft_n is ignored otherwise).
 
@@ -141,12 +181,16 @@ def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence
 
     n_keep > 0 resumes a conversation: the target's first n_keep rows are prompt_ids[:n_keep]
     (generate.kept_prefix) and the drafter is not reset: it reconciles its own cache with the
-    context it is given.  Only the new prompt tokens are evaluated; the output is unchanged."""
+    context it is given.  Only the new prompt tokens are evaluated; the output is unchanged.
+
+    tree_k > 1 verifies up to tree_k candidate continuations per step in one target pass
+    (drafter.propose_tree, tree_verify.verify_tree; the target session needs eval_tree and
+    commit_path), each at most min(draft length, room / tree_k) deep; same output law."""
     if policy is None:
         check_draft_n(draft_n)
         policy = FixedLength(draft_n)
     return drive(speculative_steps(target, drafter, prompt_ids, n_predict, params, rng, eog_ids,
-                                   policy, on_token, trace, clock, n_keep=n_keep))
+                                   policy, on_token, trace, clock, n_keep=n_keep, tree_k=tree_k))
 
 
 class _StepTimer:

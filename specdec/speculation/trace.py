@@ -34,6 +34,11 @@ class StepRecord:
     eog: bool                           # an end-of-generation token cut the step short
     draft_s: float
     verify_s: float
+    branch: int = 0                     # multi-candidate steps: the verified branch (the fields above
+    n_branches: int = 1                 # are its path), of n_branches candidates (tree leaves)
+    n_nodes: int = 0                    # tokens drafted over all branches (0 in old traces: len(drafted))
+
+    OPTIONAL = ("branch", "n_branches", "n_nodes")     # fields older traces lack
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), allow_nan=False)
@@ -42,15 +47,17 @@ class StepRecord:
     def from_json(cls, line: str) -> "StepRecord":
         d = json.loads(line)
         names = {f.name for f in fields(cls)}
-        if set(d) != names:
+        if not (names - set(cls.OPTIONAL)) <= set(d) <= names:
             raise ValueError(f"trace record has fields {sorted(d)}, expected {sorted(names)}")
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 def step_record(step: int, n_context: int, drafted: Sequence[int], q: np.ndarray, p: np.ndarray,
                 result: VerifyResult, emitted: Sequence[int], eog: bool,
-                draft_s: float, verify_s: float) -> StepRecord:
-    """q (n, V) the draft's rows, p (n+1, V) the target's rows of one step."""
+                draft_s: float, verify_s: float, *, branch: int = 0, n_branches: int = 1,
+                n_nodes: int | None = None) -> StepRecord:
+    """q (n, V) the draft's rows, p (n+1, V) the target's rows of one step (of a tree step:
+    those of the verified branch, `branch` of n_branches, n_nodes tokens drafted in all)."""
     n = len(drafted)
     idx = np.arange(n)
     q_x = q[idx, list(drafted)] if n else np.zeros(0)    # (n,)
@@ -65,7 +72,8 @@ def step_record(step: int, n_context: int, drafted: Sequence[int], q: np.ndarray
         alpha=tuple(float(a) for a in result.alpha), n_accepted=result.n_accepted,
         next_token=result.next_token, next_kind=result.kind,
         emitted=tuple(int(t) for t in emitted), eog=bool(eog),
-        draft_s=float(draft_s), verify_s=float(verify_s))
+        draft_s=float(draft_s), verify_s=float(verify_s), branch=int(branch),
+        n_branches=int(n_branches), n_nodes=int(n if n_nodes is None else n_nodes))
 
 
 def _floats(a: np.ndarray) -> tuple[float, ...]:

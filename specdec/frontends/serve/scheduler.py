@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 from specdec.engine.model import eval_batch
 from specdec.speculation.drafters import PromptLookupDrafter
 from specdec.errors import ConfigError, SpecdecError
-from specdec.interfaces import Eval, GenerationResult
+from specdec.interfaces import Eval, EvalTree, GenerationResult, run_eval
 from specdec.speculation.policies import DraftPolicy, StepFeedback
 from specdec.request import DraftOptions, Runner
 from specdec.sampling import SamplerParams
@@ -217,6 +217,9 @@ def run_evals(evals: Sequence[Eval]) -> list:
     out: list = [None] * len(evals)
     groups: dict[tuple, list[int]] = {}
     for i, ev in enumerate(evals):
+        if isinstance(ev, EvalTree):                    # a token tree: its own pass
+            groups[("tree", i)] = [i]
+            continue
         groups.setdefault((id(ev.session.weights), ev.session.n_logits), []).append(i)
     for idx in groups.values():
         if len(idx) > 1:
@@ -230,7 +233,7 @@ def run_evals(evals: Sequence[Eval]) -> list:
                 pass
         for i in idx:
             try:
-                out[i] = evals[i].session.eval(evals[i].tokens, last_only=evals[i].last_only)
+                out[i] = run_eval(evals[i])
             except Exception as e:                      # noqa: BLE001
                 out[i] = e
     return out

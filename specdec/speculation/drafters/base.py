@@ -24,6 +24,43 @@ class Draft:
         return Draft((), np.zeros((0, n_vocab), dtype=np.float64), source)
 
 
+@dataclass(frozen=True)
+class DraftTree:
+    """k candidate continuations as one token tree (multi-candidate verification).
+
+    Node i holds tokens[i], drawn from q[i] given the context and its ancestors' tokens;
+    parents[i] = -1 (it follows the context's last token) or an earlier node.  The children
+    of a node are drawn independently of each other (x_j ~ q_j, each q_j fixed before any of
+    them is drawn: one-hot for deterministic drafts, or one shared q for i.i.d. draws), and
+    each child's subtree given its token alone.  A linear Draft is the tree of one branch."""
+    tokens: tuple[int, ...]     # (n,) drafted ids
+    parents: tuple[int, ...]    # (n,) -1 or an earlier node
+    q: np.ndarray               # (n, V) float64: q[i] is the distribution tokens[i] was drawn from
+    source: str = "none"
+
+    @staticmethod
+    def of(draft: "Draft") -> "DraftTree":
+        """A linear draft as a one-branch tree."""
+        return DraftTree(draft.tokens, tuple(range(-1, len(draft.tokens) - 1)), draft.q, draft.source)
+
+    def children(self, node: int) -> list[int]:
+        """The children of node (-1: of the root), in node order."""
+        return [i for i, a in enumerate(self.parents) if a == node]
+
+    def path(self, node: int) -> list[int]:
+        """The nodes from a root down to node."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def leaves(self) -> list[int]:
+        """The branches: nodes without children, in node order."""
+        inner = set(self.parents)
+        return [i for i in range(len(self.tokens)) if i not in inner]
+
+
 class Drafter:
     """Base of every drafter.  Subclasses implement `propose` and set `n_vocab` (V of the q
     rows: the target's vocabulary size); the hooks default to doing nothing."""
@@ -34,8 +71,14 @@ class Drafter:
         """0 <= n <= n_max tokens after the context, each with the q row it was drawn from."""
         raise NotImplementedError
 
+    def propose_tree(self, context_ids: Sequence[int], n_max: int, k: int, rng: Rng) -> DraftTree:
+        """Up to k branches of at most n_max tokens each, as a DraftTree (see its rules on
+        how the children of a node are drawn).  Default: the linear `propose`, one branch."""
+        return DraftTree.of(self.propose(context_ids, n_max, rng))
+
     def accept(self, n_accepted: int, next_token: int) -> None:
-        """The target verified the last proposal: n_accepted of it stand, then next_token."""
+        """The target verified the last proposal: n_accepted of it stand, then next_token
+        (after a tree: n_accepted tokens of the branch that won)."""
 
     def reset(self) -> None:
         """Forget every request (a new one follows)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ...sampling import Rng
-from .base import Draft, Drafter
+from .base import Draft, DraftTree, Drafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
 
@@ -43,6 +43,14 @@ class HybridDrafter(Drafter):
             draft = self.model.propose(context_ids, n_max, rng)
             self._by = self.model
         return draft
+
+    def propose_tree(self, context_ids: Sequence[int], n_max: int, k: int, rng: Rng) -> DraftTree:
+        tree = self.lookup.propose_tree(context_ids, n_max, k, rng)
+        self._by = self.lookup
+        if not tree.tokens and n_max > 0:
+            tree = self.model.propose_tree(context_ids, n_max, k, rng)
+            self._by = self.model
+        return tree
 
     def prefill(self, context_ids: Sequence[int]) -> None:
         self.model.prefill(context_ids)

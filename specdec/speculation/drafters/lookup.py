@@ -12,7 +12,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...sampling import Rng
-from .base import Draft, Drafter
+from .base import Draft, DraftTree, Drafter
 
 
 class NgramIndex:
@@ -51,6 +51,10 @@ class NgramIndex:
     def find(self, gram: tuple[int, ...]) -> int | None:
         e = self._ends.get(gram)
         return e[-1] if e else None
+
+    def occurrences(self, gram: tuple[int, ...]) -> list[int]:
+        """Every indexed end of gram, ascending."""
+        return self._ends.get(gram, [])
 
     def find_before(self, gram: tuple[int, ...], limit: int) -> int | None:
         e = self._ends.get(gram)
@@ -172,6 +176,47 @@ class PromptLookupDrafter(Drafter):
             i = src + k
             tokens.append(ids[i] if i < L else tokens[i - L])
         return tokens
+
+    def propose_tree(self, context_ids: Sequence[int], n_max: int, k: int, rng: Rng) -> DraftTree:
+        """Up to k different continuations as a trie (shared prefixes are one branch): the
+        suffix n-gram's occurrences, most recent first (the first is `propose`'s draft), then
+        those of shorter n-grams, each copied as `tokens` copies; q one-hot.  A function of
+        the context alone, like `propose`."""
+        hit = self.match(context_ids) if n_max > 0 else None
+        if hit is None or hit.resumed or k <= 1:
+            return DraftTree.of(self.propose(context_ids, n_max, rng))
+        ids, L = self.index.ids, len(context_ids)
+        tokens: list[int] = []
+        parents: list[int] = []
+        child: dict[tuple[int, int], int] = {}            # (parent, token) -> node
+        n_branches = 0
+        for n in range(hit.n, self.ngram_min - 1, -1):
+            for src in reversed(self.index.occurrences(tuple(ids[L - n:]))):
+                copy = self._copy(ids, L, src, self.copy_len(Match(n, src), n_max))
+                node, grew = -1, False
+                for t in copy:
+                    if (node, t) not in child:
+                        child[(node, t)] = len(tokens)
+                        tokens.append(t)
+                        parents.append(node)
+                        grew = True
+                    node = child[(node, t)]
+                n_branches += grew
+                if n_branches >= k:
+                    break
+            if n_branches >= k:
+                break
+        q = np.zeros((len(tokens), self.n_vocab), dtype=np.float64)   # (n, V) one-hot rows
+        q[np.arange(len(tokens)), tokens] = 1.0
+        return DraftTree(tuple(tokens), tuple(parents), q, self.source)
+
+    @staticmethod
+    def _copy(ids: list[int], L: int, src: int, n: int) -> list[int]:
+        """n tokens copied from ids[src:] of a context of L ids, reading ahead of itself."""
+        out: list[int] = []
+        for i in range(src, src + n):
+            out.append(ids[i] if i < L else out[i - L])
+        return out
 
     def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
         tokens = self.tokens(context_ids, n_max)

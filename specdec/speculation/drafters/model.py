@@ -11,7 +11,7 @@ import numpy as np
 from ...interfaces import Session
 from ...sampling import Rng, SamplerParams, probs, top_prob
 from ..policies import check_draft_p
-from .base import Draft, Drafter
+from .base import Draft, DraftTree, Drafter
 
 
 class ModelDrafter(Drafter):
@@ -80,6 +80,52 @@ class ModelDrafter(Drafter):
         self._last = (len(ctx), tuple(tokens))
         q_mat = np.stack(qs) if qs else np.zeros((0, self.n_vocab))   # (n, V)
         return Draft(tuple(tokens), q_mat, self.source)
+
+    def propose_tree(self, context_ids: Sequence[int], n_max: int, k: int, rng: Rng) -> DraftTree:
+        """k branches: the first tokens are the draft's k most likely ids at temperature 0
+        (q one-hot on each, a function of the context) and k i.i.d. draws from q otherwise
+        (a repeated token is left a leaf: it can never be accepted, see tree_verify); each
+        is continued as `propose` continues, up to n_max tokens in all, one branch after
+        the other on the draft cache.  The first tokens do not wait for confidence draft_p
+        (covering the draft's doubt is what the branches are for); their continuations do."""
+        ctx = list(context_ids)
+        n_max = min(n_max, self.session.n_ctx - len(ctx) + 1)
+        self._last = None                                          # accept: nothing to roll back
+        if n_max <= 0 or not ctx or k <= 1:
+            return DraftTree.of(self.propose(context_ids, n_max, rng))
+        keep = _common_prefix(self._cached, ctx, len(ctx) - 1)
+        self._truncate(keep)
+        row = self._eval(ctx[keep:])[: self._shared]              # (V_shared,) after the context
+        q0 = np.zeros(self.n_vocab, dtype=np.float64)              # (V,)
+        q0[: self._shared] = probs(row, self.params)
+        if self.params.greedy:
+            firsts = [int(x) for x in np.argsort(-row, kind="stable")[:k]]
+            qs0 = [np.eye(1, self.n_vocab, x, dtype=np.float64)[0] for x in firsts]
+        else:
+            firsts = [int(rng.categorical(q0)) for _ in range(k)]
+            qs0 = [q0] * k
+        tokens: list[int] = []
+        parents: list[int] = []
+        qs: list[np.ndarray] = []
+        for j, (x, q) in enumerate(zip(firsts, qs0)):
+            node = len(tokens)
+            tokens.append(x)
+            parents.append(-1)
+            qs.append(q)
+            if x in firsts[:j]:                                    # a repeat: never accepted
+                continue
+            self._truncate(len(ctx))                               # the cache holds the context
+            for _ in range(n_max - 1):                             # the last draft is not evaluated
+                logits = self._eval([tokens[node]])[: self._shared]
+                if self.draft_p > 0.0 and top_prob(logits) < self.draft_p:
+                    break
+                qd = np.zeros(self.n_vocab, dtype=np.float64)      # (V,)
+                qd[: self._shared] = probs(logits, self.params)
+                tokens.append(int(rng.categorical(qd)))
+                parents.append(node)
+                qs.append(qd)
+                node = len(tokens) - 1
+        return DraftTree(tuple(tokens), tuple(parents), np.stack(qs), self.source)
 
     def prefill(self, context_ids: Sequence[int]) -> None:
         """Evaluate the context but its last id, in the prompt phase (as the target does), so
