@@ -23,7 +23,7 @@ class NgramIndex:
     request, a rolled-back context) it starts over.  Appending k tokens costs O(k * n_max)
     dict updates; the prefix check costs one list comparison.  `find(gram)` -> the end of its
     latest indexed occurrence, or None; `find_before(gram, limit)` -> the latest one ending at
-    or before limit (every occurrence is kept, in order)."""
+    or before limit; `ends(gram)` -> all of them (every occurrence is kept, in order)."""
 
     def __init__(self, n_min: int, n_max: int):
         self.n_min, self.n_max = n_min, n_max
@@ -51,6 +51,10 @@ class NgramIndex:
     def find(self, gram: tuple[int, ...]) -> int | None:
         e = self._ends.get(gram)
         return e[-1] if e else None
+
+    def ends(self, gram: tuple[int, ...]) -> list[int]:
+        """Every indexed end of gram, ascending (do not modify)."""
+        return self._ends.get(gram, [])
 
     def find_before(self, gram: tuple[int, ...], limit: int) -> int | None:
         e = self._ends.get(gram)
