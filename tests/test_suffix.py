@@ -281,3 +281,99 @@ def test_make_drafter_suffix_and_hybrid_over_the_store():
     assert isinstance(d, SuffixDrafter) and d.store is store and d.ngram_max == 5
     assert isinstance(make_drafter("suffix", Target, GREEDY).store, SuffixStore)   # its own
     assert make_drafter("prompt-lookup", Target, GREEDY, suffix_store=store).__class__ is PromptLookupDrafter
+
+
+# ---- wiring: API, CLI, chat, serve ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    from synth import TinySpec
+    return tiny_model(TinySpec(n_vocab=24, d_model=16, n_head=2, n_head_kv=1, d_ff=24, seed=3,
+                               logit_scale=4.0))
+
+
+def test_api_generate_with_a_store_warms_it_and_keeps_the_ids(tiny):
+    store = SuffixStore()
+    want = tiny.generate("abcab", n_predict=20, ignore_eos=True)
+    first = tiny.generate("abcab", n_predict=20, ignore_eos=True, draft="suffix", suffix_store=store,
+                          draft_policy="fixed", draft_n=8)
+    assert first.ids == want.ids and store.documents() == [first.prompt_ids + first.ids]
+    again = tiny.generate("abcab", n_predict=20, ignore_eos=True, draft="suffix", suffix_store=store,
+                          draft_policy="fixed", draft_n=8)
+    assert again.ids == want.ids and len(store) == 2
+    assert again.stats.n_accepted >= len(want.ids) - again.stats.n_steps   # the stored answer, copied
+    assert again.stats.n_accepted > first.stats.n_accepted
+    own = SuffixDrafter(tiny.config.n_vocab, store)
+    got = tiny.generate("abcab", n_predict=20, ignore_eos=True, draft=own, draft_policy="adaptive")
+    assert got.ids == want.ids and len(store) == 3    # a SuffixDrafter's store is remembered in too
+    hy = tiny.generate("abcab", n_predict=20, ignore_eos=True, draft="hybrid", draft_model=tiny,
+                       suffix_store=store)
+    assert hy.ids == want.ids and "suffix" in hy.stats.by_drafter
+    with pytest.raises(ConfigError):
+        tiny.generate("ab", n_predict=2, draft="suffix", suffix_store=[1, 2])
+
+
+def test_cli_lookup_cache_round_trip_and_a_corrupt_file(tiny, tmp_path, capsys):
+    from specdec.frontends import cli
+    path = tmp_path / "cache.npz"
+    args = ["run", "-m", tiny.path, "-p", "abcabcab", "-n", "8", "--ignore-eos", "--raw", "-v",
+            "-lcd", str(path)]
+    assert cli.main(args) == 0 and path.exists()      # -lcd alone drafts with the suffix drafter
+    err = capsys.readouterr().err
+    assert "suffix" in err and "lookup cache" not in err
+    assert len(SuffixStore.load(path).documents()) == 1
+    assert cli.main(args + ["--draft", "suffix", "--lookup-cache-size", "100"]) == 0
+    assert "lookup cache" in capsys.readouterr().err and len(SuffixStore.load(path)) == 2
+    path.write_bytes(b"\x00garbage")
+    assert cli.main(args) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and "loading" not in out.err
+    assert path.read_bytes() == b"\x00garbage"        # left as it was
+    assert cli.main(args[:-2] + ["--draft", "suffix", "--lookup-cache-size", "-3"]) == 2
+    assert "--lookup-cache-size" in capsys.readouterr().err
+
+
+def test_chat_turns_share_the_store(tiny_model):
+    from synth import TinySpec
+    from specdec.frontends.chat import Conversation
+    template = ("{% for m in messages %}{{ m['role'][0] | upper }}{{ m['content'] }}{% endfor %}"
+                "{% if add_generation_prompt %}A{% endif %}")
+    target = tiny_model(TinySpec(n_vocab=52, chat_template=template, n_ctx=256))
+    store = SuffixStore()
+    conv = Conversation(target, draft="suffix", suffix_store=store, draft_n=8, draft_policy="fixed",
+                        ignore_eos=True)
+    one = conv.say("hello", n_predict=16)
+    assert store.documents() == [one.prompt_ids + one.ids]
+    two = conv.say("again", n_predict=16)
+    assert store.documents() == [two.prompt_ids + two.ids]   # the transcript replaced its turn-1 self
+    conv.clear()
+    three = conv.say("hello", n_predict=16)                  # drafts turn 1's answer from the store
+    assert three.ids == one.ids and len(store) == 2
+    assert three.stats.n_accepted >= len(one.ids) - three.stats.n_steps
+    fresh = Conversation(target, draft="suffix", draft_n=8, draft_policy="fixed", ignore_eos=True)
+    assert fresh.say("hello", n_predict=16).stats.n_accepted < three.stats.n_accepted
+
+
+def test_serve_requests_share_one_store(tiny_model):
+    from dataclasses import replace
+    from specdec.frontends.serve.scheduler import Job, Scheduler
+    from specdec.request import DraftOptions
+    from test_serve_scheduler import SPEC, prompt
+    target = tiny_model(SPEC)
+    store = SuffixStore()
+    options = DraftOptions(kind="suffix", n=8, policy="fixed", suffix_store=store)
+    sch = Scheduler(target, n_parallel=3, n_ctx=256, draft=options)
+    try:
+        p = prompt(3, 10)
+        first = sch.submit(Job(p, 24, GREEDY, options, ignore_eos=True)).wait(60)
+        assert store.documents() == [p + first.ids]
+        jobs = [sch.submit(Job(p, 24, GREEDY, options, ignore_eos=True)) for _ in range(2)]
+        jobs.append(sch.submit(Job(prompt(4, 9), 12, GREEDY, replace(options, kind=None),
+                                   ignore_eos=True)))          # a plain request is remembered too
+        results = [j.wait(60) for j in jobs]
+    finally:
+        sch.close()
+    assert results[0].ids == results[1].ids == first.ids
+    s = results[0].gen.stats
+    assert s.n_accepted >= len(first.ids) - s.n_steps and len(store) == 4
