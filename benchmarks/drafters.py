@@ -22,9 +22,23 @@ Configurations (draft_n = --draft-n unless said; the draft model computes logits
   lookup-adaptive prompt lookup, draft length 1..16 chosen online (specdec.speculation.policies)
   hybrid         lookup when it matches, else the draft model (threshold policy)
   adaptive       hybrid drafter, draft length 1..16 chosen online
+  suffix         the suffix drafter (drafters/suffix.py), fixed length draft_n, its store warmed
+                 with earlier requests: in a set of independent prompts (code_editing,
+                 fresh_code) the other prompts' prompt + answer, in multi_turn the earlier
+                 requests of the same group (the same refactor of three files, in file order)
+  suffix-adaptive the same, draft length 1..16 chosen online
+
+With a suffix configuration, plain runs first over the whole set (its greedy answers warm the
+stores; the answers of every configuration are the same at temperature 0), then the other
+configurations prompt by prompt.  The suffix rows record how many stored tokens they drafted
+from (`store_tokens`).
 
     python benchmarks/drafters.py --no-mmap --out bench-results             # the real run
     python benchmarks/drafters.py --prompts 1 --n-predict 16 --sets fresh_code --out /tmp/x  # smoke
+    # the suffix store: plain, lookup and suffix over all three sets (multi_turn: 9 prompts)
+    nice -n 19 python benchmarks/drafters.py --no-mmap --sets code_editing fresh_code multi_turn \
+        --configs plain prompt-lookup lookup-adaptive suffix suffix-adaptive --prompts 9 \
+        --out bench-results/suffix
 """
 from __future__ import annotations
 
@@ -37,8 +51,10 @@ import specdec
 from common import (QWEN_DRAFT, QWEN_TARGET, aggregate, completion_row, load_prompts,
                     machine_info, warm_up, write_json)
 
-CONFIGS = ("plain", "model", "prompt-lookup", "lookup-adaptive", "hybrid", "adaptive")
-SETS = ("code_editing", "fresh_code")
+CONFIGS = ("plain", "model", "prompt-lookup", "lookup-adaptive", "hybrid", "adaptive", "suffix",
+           "suffix-adaptive")
+SETS = ("code_editing", "fresh_code", "multi_turn")
+SUFFIX = ("suffix", "suffix-adaptive")
 
 
 def config_kwargs(name: str, draft, a) -> dict:
@@ -60,7 +76,25 @@ def config_kwargs(name: str, draft, a) -> dict:
     if name == "adaptive":
         return dict(draft="hybrid", draft_model=draft, draft_n=16, draft_policy="adaptive",
                     draft_vocab=a.draft_vocab, **lookup)
+    if name == "suffix":
+        return dict(draft="suffix", draft_n=a.draft_n, draft_policy="fixed", **lookup)
+    if name == "suffix-adaptive":
+        return dict(draft="suffix", draft_n=16, draft_policy="adaptive", **lookup)
     raise ValueError(name)
+
+
+def warm_store(prompts: list[dict], i: int, answers: dict):
+    """The suffix store of prompt i: the prompt + answer ids of the set's other requests
+    (records with a 'group': the earlier ones of its group)."""
+    from specdec import SuffixStore
+    rec, store = prompts[i], SuffixStore()
+    for j, other in enumerate(prompts):
+        if j == i or other["id"] not in answers:
+            continue
+        if "group" in rec and (other.get("group") != rec["group"] or j > i):
+            continue
+        store.add(answers[other["id"]]["prompt_ids"] + answers[other["id"]]["ids"])
+    return store
 
 
 def run_set(target, draft, set_name: str, a) -> dict:
@@ -68,14 +102,30 @@ def run_set(target, draft, set_name: str, a) -> dict:
     rows: dict[str, list[dict]] = {c: [] for c in a.configs}
     answers: dict[str, dict] = {}         # greedy: the one answer of every configuration
     identical = True
+    first: dict[str, object] = {}         # plain's completions when it runs first (suffix configs)
+    if any(c in SUFFIX for c in a.configs):
+        for i, rec in enumerate(prompts):
+            first[rec["id"]] = out = target.generate(rec["prompt"], n_predict=a.n_predict,
+                                                     temperature=a.temp, seed=1000 + i,
+                                                     ignore_eos=a.ignore_eos)
+            answers[rec["id"]] = {"prompt_ids": list(out.prompt_ids), "ids": list(out.ids)}
     for i, rec in enumerate(prompts):
         ids_by_config = {}
         for c in a.configs:
-            out = target.generate(rec["prompt"], n_predict=a.n_predict, temperature=a.temp,
-                                  seed=1000 + i, ignore_eos=a.ignore_eos,
-                                  **config_kwargs(c, draft, a))
+            kw = config_kwargs(c, draft, a)
+            store = None
+            if c in SUFFIX:
+                kw["suffix_store"] = store = warm_store(prompts, i, answers)
+                n_stored = store.n_tokens
+            if c == "plain" and rec["id"] in first:
+                out = first[rec["id"]]
+            else:
+                out = target.generate(rec["prompt"], n_predict=a.n_predict, temperature=a.temp,
+                                      seed=1000 + i, ignore_eos=a.ignore_eos, **kw)
             row = completion_row(out)
             row["prompt_id"] = rec["id"]
+            if store is not None:
+                row["store_tokens"] = n_stored
             rows[c].append(row)
             ids_by_config[c] = out.ids
             print(f"{set_name:13s} {rec['id']:22s} {c:14s} {row['n_tokens']:4d} tok "
@@ -123,7 +173,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
-    ap.add_argument("--prompts", type=int, default=6, help="prompts per set (default: all 6)")
+    ap.add_argument("--prompts", type=int, default=0, help="prompts per set (default: all; 6, 6 and 9)")
     ap.add_argument("--n-predict", type=int, default=1024, help="cap on each answer (default: 1024)")
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--draft-n", type=int, default=8)

@@ -25,6 +25,9 @@ Configurations:
                                  as a tree included, at the cost of one)
   oracle-copy                    lookup where it matches, elsewhere a free and always accepted
                                  draft of --draft-n tokens (a bound for any second drafter)
+  suffix                         the suffix drafter at fixed --draft-n, its store warmed as in
+                                 drafters.py (the set's other answers; multi_turn: the earlier
+                                 requests of the group)
 
 The what-if grid scales the measured costs: a verification row costs s_v times what it costs
 here (the extra time of an M-row pass over a one-row pass) and a draft-model pass s_d times,
@@ -41,8 +44,9 @@ from pathlib import Path
 import numpy as np
 
 import specdec
-from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, machine_info, write_json
-from specdec.speculation.drafters import PromptLookupDrafter
+from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, load_prompts, machine_info, write_json
+from drafters import warm_store
+from specdec.speculation.drafters import PromptLookupDrafter, SuffixDrafter
 
 MS = range(1, 18)                       # rows per forward pass measured (draft-n up to 16, + 1)
 SCALES = (1.0, 0.75, 0.5, 0.35, 0.25)   # what-if factors for verification rows and draft passes
@@ -92,19 +96,23 @@ def best_match(seq: list[int], L: int, n: int) -> list[int]:
     return seq[L:L + best]
 
 
-def replay(config: str, prompt_ids: list[int], answer: list[int], tf, costs: Costs, a) -> float:
+def replay(config: str, prompt_ids: list[int], answer: list[int], tf, costs: Costs, a,
+           store=None) -> float:
     """Decode milliseconds of ``config`` producing ``answer`` (its first token comes from the
-    prefill; answer ends with the end-of-generation token)."""
+    prefill; answer ends with the end-of-generation token); store: the suffix config's."""
     seq, pred, top = prompt_ids + answer, tf[0], tf[1]
     L, end = len(prompt_ids) + 1, len(seq)
     lookup = PromptLookupDrafter(max(seq) + 1, a.lookup_ngram_max, a.lookup_ngram_min, copy_ratio=a.lookup_copy_ratio)
+    if config == "suffix":                      # (the vocabulary bound only stops ids past it)
+        lookup = SuffixDrafter(1 << 30, store, a.lookup_ngram_max, a.lookup_ngram_min,
+                               copy_ratio=a.lookup_copy_ratio)
     cached = L - 1                              # draft-model cache: prefilled with the prompt
     total = 0.0
     while L < end:
         n = min(a.draft_n, end - L)
         d: list[int] = []
         spent = 0.0
-        use_lookup = config in ("prompt-lookup", "lookup-perfect", "oracle-copy") or (
+        use_lookup = config in ("prompt-lookup", "lookup-perfect", "oracle-copy", "suffix") or (
             config.startswith("hybrid") and lookup.match(seq[:L]) is not None)
         if config == "any-match":
             d = best_match(seq, L, n)
@@ -134,12 +142,18 @@ def replay(config: str, prompt_ids: list[int], answer: list[int], tf, costs: Cos
     return total
 
 
-def run(answers: dict, tfs: dict, costs: Costs, configs, a) -> dict:
-    """Speedup over plain (replayed) per configuration, pooled over the answers of a set."""
+def run(answers: dict, tfs: dict, costs: Costs, configs, a, prompts=()) -> dict:
+    """Speedup over plain (replayed) per configuration, pooled over the answers of a set
+    (prompts: the set's records, for the suffix config's stores)."""
     plain = sum(costs.verify(0) * (len(r["ids"])) for r in answers.values())
+    recs = [r for r in prompts if r["id"] in answers]
+    at = {r["id"]: i for i, r in enumerate(recs)}
     out = {}
     for c in configs:
-        t = sum(replay(c, r["prompt_ids"], r["ids"] + [a.eog], tfs[p], costs, a)
+        if c == "suffix" and len(at) < len(answers):
+            continue                            # (a set whose records are not at hand)
+        t = sum(replay(c, r["prompt_ids"], r["ids"] + [a.eog], tfs[p], costs, a,
+                       warm_store(recs, at[p], answers) if c == "suffix" else None)
                 for p, r in answers.items())
         out[c] = round(plain / t, 3)
     return out
@@ -196,12 +210,17 @@ def main() -> None:
     d_curve = cost_curve(draft, n_past, n_logits=a.draft_vocab)
     print(f"context {n_past}: target M=1 {t_curve[1]:.1f} ms, M=9 {t_curve[9]:.1f}, M=17 "
           f"{t_curve[17]:.1f}; draft M=1 {d_curve[1]:.1f} ms, M=4 {d_curve[4]:.1f}", flush=True)
-    configs = ("model", "prompt-lookup", "hybrid", "lookup-perfect", "hybrid-perfect", "any-match", "oracle-copy")
+    configs = ("model", "prompt-lookup", "hybrid", "lookup-perfect", "hybrid-perfect", "any-match", "oracle-copy",
+               "suffix")
     results, grid = {}, {}
     for s, answers in sets.items():
         tfs = {p: teacher_forced(draft, r["prompt_ids"], r["ids"] + [a.eog], a.draft_vocab)
                for p, r in answers.items()}
-        replayed = run(answers, tfs, Costs(t_curve, d_curve), configs, a)
+        try:
+            prompts = load_prompts(s)
+        except OSError:
+            prompts = []
+        replayed = run(answers, tfs, Costs(t_curve, d_curve), configs, a, prompts)
         measured = {c: m["speedup"] for c, m in src["results"][s]["summary"].items()}
         results[s] = {"replayed": replayed, "measured": measured}
         grid[s] = {}

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import hub
 from .engine.config import ModelConfig
-from .speculation.drafters import Drafter
+from .speculation.drafters import Drafter, SuffixStore
 from .errors import ConfigError, GGUFError
 from .engine.gguf_file import GGUFFile
 from .engine.model import ModelSession, Weights
@@ -89,6 +89,7 @@ class Model:
                  lookup_ngram_min: int = 2, lookup_ngram_max: int = 16,
                  draft_vocab: int | None = None, lookup_copy_ratio: float = 1.0,
                  draft_retokenize: bool = False, draft_tree: int = 1,
+                 suffix_store: "SuffixStore | None" = None,
                  ignore_eos: bool = False, n_ctx: int | None = None,
                  on_token: Callable[[int, str], None] | None = None,
                  trace: TraceSink | None = None) -> Completion:
@@ -99,8 +100,12 @@ class Model:
         draft: a loaded draft Model, a Drafter object, DraftOptions (then the draft_* and
         lookup_* arguments are its fields, not these), or a name: 'model' / 'hybrid' (with
         draft_model=) or 'prompt-lookup' (n-grams of lookup_ngram_min..max tokens; a match of n
-        tokens copies at most lookup_copy_ratio · n of them, 0: draft_n); see
-        drafters.make_drafter.  draft_policy: 'threshold' (up to draft_n, model drafts stop
+        tokens copies at most lookup_copy_ratio · n of them, 0: draft_n) or 'suffix' (the most
+        frequent continuation of the longest match in the prompt and in suffix_store, a
+        SuffixStore of earlier requests; 'hybrid' looks up in it too when given); see
+        drafters.make_drafter.  With a suffix_store (or a SuffixDrafter as draft=), the
+        prompt and answer go into the store when the request finishes: warm it with
+        `store.add(ids)` or by earlier calls.  draft_policy: 'threshold' (up to draft_n, model drafts stop
         below confidence draft_p), 'fixed' (draft_n) or 'adaptive' (1..draft_n chosen from
         the measured acceptance and costs), or a DraftPolicy object; see specdec.speculation.policies.
         draft_vocab: the draft model computes logits for token ids below it only (a cheaper
@@ -120,10 +125,12 @@ class Model:
                                   lookup_ngram_min=lookup_ngram_min,
                                   lookup_ngram_max=lookup_ngram_max,
                                   lookup_copy_ratio=lookup_copy_ratio, vocab=draft_vocab,
-                                  retokenize=draft_retokenize, tree=draft_tree)
+                                  retokenize=draft_retokenize, tree=draft_tree,
+                                  suffix_store=suffix_store)
         params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         runner = Runner(self, params, options, seed=seed, ignore_eos=ignore_eos, n_ctx=n_ctx)
         res = runner.run(prompt_ids, n_predict, on_token=on_token, trace=trace)
+        runner.remember(prompt_ids, res.ids)
         return runner.completion(prompt_ids, res)
 
 

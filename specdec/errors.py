@@ -39,3 +39,7 @@ class NumericalError(SpecdecError):
 
 class ResourceError(SpecdecError):
     """What was asked for (a context, a file read into memory) does not fit in this machine."""
+
+
+class CacheFileError(SpecdecError):
+    """The lookup cache file (--lookup-cache) cannot be read or written, or is for another model."""

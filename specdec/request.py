@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .speculation.drafters import DRAFTER_NAMES, Drafter, check_lookup_options, make_drafter
+from .speculation.drafters import (DRAFTER_NAMES, Drafter, SuffixStore, check_lookup_options,
+                                   make_drafter)
 from .errors import ConfigError, ContextOverflowError
 from .generate import plain_steps
 from .interfaces import GenerationResult, OnToken, Session, SpecStats, Steps, Timings, drive
@@ -38,9 +39,13 @@ class DraftOptions:
     """How a request drafts.  kind None, no model and no drafter: plain decoding.
 
     kind: 'model' (the draft `model`), 'prompt-lookup' (n-grams of lookup_ngram_min..max
-    tokens; a match of n tokens copies at most lookup_copy_ratio · n of them, 0: n) or
-    'hybrid' (lookup where it matches, else the model); drafter: a ready Drafter object
-    instead.  n, p, policy: the draft-length policy (policies.make_policy: 'threshold' drafts
+    tokens; a match of n tokens copies at most lookup_copy_ratio · n of them, 0: n),
+    'suffix' (the same n-grams, the most frequent continuation of the longest match in the
+    context and in `suffix_store`, drafters/suffix.py) or 'hybrid' (lookup where it matches,
+    else the model; with a suffix_store the suffix drafter in place of lookup); drafter: a
+    ready Drafter object instead.  suffix_store: a SuffixStore shared by the requests that
+    run with these options (each finished request's prompt and answer go into it, see
+    `Runner.remember`); None: 'suffix' drafts over a store of its own.  n, p, policy: the draft-length policy (policies.make_policy: 'threshold' drafts
     up to n and a model draft stops below confidence p, 'fixed' n, 'adaptive' 1..n).  vocab:
     the draft model computes logits for ids below it only (0: all).  retokenize: the draft
     model drafts through text (drafters.RetokenizingDrafter: greedy drafts, any vocabulary;
@@ -66,6 +71,7 @@ class DraftOptions:
     vocab: int | None = None
     retokenize: bool = False
     tree: int = 1
+    suffix_store: SuffixStore | None = None
 
     def __post_init__(self) -> None:
         if self.kind is not None and self.kind not in DRAFTER_NAMES:
@@ -82,6 +88,8 @@ class DraftOptions:
         check_lookup_options(self.lookup_ngram_min, self.lookup_ngram_max, self.lookup_copy_ratio)
         if self.retokenize and self.kind == "prompt-lookup":
             raise ConfigError("--draft-retokenize is for a draft model (-md); prompt lookup copies target ids")
+        if self.suffix_store is not None and not isinstance(self.suffix_store, SuffixStore):
+            raise ConfigError(f"suffix_store must be a specdec SuffixStore, got {type(self.suffix_store).__name__}")
         if self.vocab is not None and (int(self.vocab) != self.vocab or self.vocab < 0):
             raise ConfigError(f"--draft-vocab must be an integer >= 1 (0: all ids), got {self.vocab}")
         check_tree_k(self.tree)
@@ -166,7 +174,7 @@ class DraftOptions:
             self.drafter_kind, target, params, draft_model=self.model, draft_p=policy.p_min, n_ctx=n_ctx,
             lookup_ngram_min=self.lookup_ngram_min, lookup_ngram_max=self.lookup_ngram_max,
             draft_vocab=self.draft_vocab(self.model), lookup_copy_ratio=self.lookup_copy_ratio,
-            retokenize=self.retokenize)
+            retokenize=self.retokenize, suffix_store=self.suffix_store)
         return drafter, policy
 
 
@@ -184,7 +192,8 @@ class Completion:
 class Runner:
     """What requests run on: one target session (its own KV cache), the drafter and policy
     of `draft`, one random generator (`seed`; None: fresh entropy) and the end-of-generation
-    ids.  A conversation keeps one Runner for all its turns; the server one per request."""
+    ids.  A conversation keeps one Runner for all its turns; the server one per request.
+    `store`: the SuffixStore its requests draft from and are remembered in (or None)."""
 
     def __init__(self, model: "Model", params: SamplerParams, draft: DraftOptions = DraftOptions(),
                  *, seed: int | None = None, ignore_eos: bool = False, n_ctx: int | None = None,
@@ -196,6 +205,15 @@ class Runner:
         self.target = session if session is not None else model.session(self.n_ctx)
         self.drafter, self.policy = draft.build(model, params, self.n_ctx)
         self.tree_k = draft.tree
+        self.store = draft.suffix_store if draft.suffix_store is not None else getattr(self.drafter, "store", None)
+        if self.store is not None:
+            self.store.bind(int(model.config.n_vocab))
+
+    def remember(self, prompt_ids: Sequence[int], ids: Sequence[int], key=None) -> None:
+        """A finished request's prompt and answer go into the suffix store, if there is one
+        (key: the document it replaces, a conversation's transcript)."""
+        if self.store is not None:
+            self.store.add([*prompt_ids, *ids], key=key)
 
     def steps(self, prompt_ids: Sequence[int], n_predict: int, *, on_token: OnToken | None = None,
               trace: TraceSink | None = None, n_keep: int = 0) -> Steps:

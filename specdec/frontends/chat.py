@@ -10,6 +10,11 @@ new user turn and the assistant header).  Because the comparison is on token ids
 can never hold something the prompt does not say; a turn costs what is new, and the output of
 every turn is exactly what a fresh request with the same prompt would give (greedy: the same
 tokens; sampled: the same law).
+
+With a suffix store (draft='suffix', or suffix_store= / -lcd), each finished turn's prompt and
+answer go into it as one document, the conversation's transcript, which the next turn's
+replaces; after `clear` a new transcript starts beside it, so a question asked again drafts
+from the earlier answer.
 """
 from __future__ import annotations
 
@@ -72,6 +77,8 @@ class Conversation:
         """Forget every turn (the system message stays)."""
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self._ids = []
+        self._n_clears = getattr(self, "_n_clears", -1) + 1
+        self._doc_key = ("conversation", id(self), self._n_clears)   # its transcript in the store
         self.target.reset()
         if self.drafter is not None:
             self.drafter.reset()
@@ -118,6 +125,7 @@ class Conversation:
             self._settle(ids, emitted, interrupted=True)
             raise
         self._settle(ids, res.ids, interrupted=False)
+        self.runner.remember(ids, res.ids, key=self._doc_key)
         self.messages += [question, {"role": "assistant", "content": self.model.detokenize(res.ids)}]
         return self.runner.completion(ids, res)
 

@@ -22,6 +22,7 @@ from collections import Counter
 from .. import hub
 from .console import COLORS, RESET, detail_lines, summary_line
 from ..errors import ConfigError, SpecdecError
+from ..speculation.drafters.suffix import DEFAULT_STORE_TOKENS
 from ..speculation.policies import DRAFT_N_MAX
 
 EPILOG = """examples:
@@ -71,11 +72,13 @@ def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
     g.add_argument("--draft-p", "--draft-p-min", dest="draft_p", type=float, default=None, metavar="P",
                    help="stop drafting when the draft's top probability is below this (0.9 when "
                         "--draft-n is given; default: the adaptive length)")
-    g.add_argument("--draft", default=None, choices=("model", "prompt-lookup", "hybrid"),
+    g.add_argument("--draft", default=None, choices=("model", "prompt-lookup", "hybrid", "suffix"),
                    help="who drafts: the -md model, prompt-lookup (copies what followed the last "
-                        "n-gram earlier in the text), hybrid (lookup, else -md). Default with -md: "
-                        "hybrid with the adaptive length 1..8, or the model once --draft-n, "
-                        "--draft-p or --draft-policy is given")
+                        "n-gram earlier in the text), suffix (the most frequent continuation of "
+                        "the longest match in the text and in earlier requests, --lookup-cache), "
+                        "hybrid (lookup, else -md). Default with -md: hybrid with the adaptive "
+                        "length 1..8, or the model once --draft-n, --draft-p or --draft-policy is "
+                        "given; with -lcd and no -md: suffix")
     g.add_argument("--draft-policy", default=None, choices=("fixed", "threshold", "adaptive"),
                    help="draft length: threshold (up to --draft-n, stop below --draft-p; the default "
                         "once --draft-n or --draft-p is given), fixed (--draft-n), adaptive (1..--draft-n "
@@ -88,6 +91,13 @@ def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
                    help="verify up to K candidate continuations per step in one target pass (a token "
                         "tree: prompt lookup's several matches, the draft model's K first tokens); "
                         "1: one linear draft (default); with --draft-policy fixed or threshold")
+    g.add_argument("-lcd", "--lookup-cache", "--lookup-cache-dynamic", dest="lookup_cache", default=None,
+                   metavar="FILE",
+                   help="suffix store of earlier requests: read from FILE at start when it exists, "
+                        "written back at exit; suffix and hybrid drafting look up in it")
+    g.add_argument("--lookup-cache-size", type=int, default=DEFAULT_STORE_TOKENS, metavar="N",
+                   help=f"tokens the suffix store keeps, least recently used documents evicted "
+                        f"first (default: {DEFAULT_STORE_TOKENS})")
     g.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="the draft model computes logits for token ids < N only: a cheaper draft "
                         "over the common tokens, same output law (0: all; default: 32768 for "
@@ -256,14 +266,40 @@ def _check_run_args(a) -> None:
 
 def _draft_options(a):
     """The run flags' DraftOptions (validated here, before any model is loaded); the draft
-    model is filled in once it is.  Also checks the requantization flags."""
+    model is filled in once it is.  Also checks the requantization flags.  With --draft
+    suffix or -lcd they carry the suffix store (read from the -lcd file when it exists; `main`
+    writes it back at exit)."""
     from ..request import DraftOptions
     _quant(a, "target")
     _quant(a, "draft")
-    return DraftOptions(kind=a.draft, n=a.draft_n, p=a.draft_p, policy=a.draft_policy,
+    store, kind = _suffix_store(a), a.draft
+    if kind is None and a.lookup_cache and not a.draft_model:
+        kind = "suffix"
+    return DraftOptions(kind=kind, n=a.draft_n, p=a.draft_p, policy=a.draft_policy,
                         lookup_ngram_min=a.lookup_ngram_min, lookup_ngram_max=a.lookup_ngram_max,
                         lookup_copy_ratio=a.lookup_copy_ratio, vocab=a.draft_vocab,
-                        retokenize=a.draft_retokenize, tree=a.draft_tree)
+                        retokenize=a.draft_retokenize, tree=a.draft_tree, suffix_store=store)
+
+
+def _suffix_store(a):
+    """The suffix store of -lcd / --draft suffix (made once per command), or None."""
+    if getattr(a, "suffix_store", None) is None and (a.lookup_cache or a.draft == "suffix"):
+        import os
+        from ..speculation.drafters import SuffixStore
+        if a.lookup_cache and os.path.exists(a.lookup_cache):
+            a.suffix_store = SuffixStore.load(a.lookup_cache, a.lookup_cache_size)
+            _progress(f"specdec: lookup cache {a.lookup_cache}: {len(a.suffix_store)} documents, "
+                      f"{a.suffix_store.n_tokens} tokens")
+        else:
+            a.suffix_store = SuffixStore(a.lookup_cache_size)
+    return getattr(a, "suffix_store", None)
+
+
+def _save_suffix_store(a) -> None:
+    """Write the suffix store back to the -lcd file (atomically), when there is one."""
+    store = getattr(a, "suffix_store", None)
+    if store is not None and getattr(a, "lookup_cache", None):
+        store.save(a.lookup_cache)
 
 
 def _quant(a, role: str) -> tuple[str | None, str | None]:
@@ -495,9 +531,12 @@ def cmd_models(a) -> int:
 def main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
-        return {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "pull": cmd_pull,
-                "models": cmd_models, "trace-report": cmd_trace_report, "bench": cmd_bench,
-                "serve": cmd_serve}[a.command](a)
+        try:
+            return {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "pull": cmd_pull,
+                    "models": cmd_models, "trace-report": cmd_trace_report, "bench": cmd_bench,
+                    "serve": cmd_serve}[a.command](a)
+        finally:
+            _save_suffix_store(a)
     except SpecdecError as e:
         print(f"specdec: error: {e}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ never a traceback.  A streamed request whose client goes away is cancelled, whic
 slot at the scheduler's next step.  Besides OpenAI's fields, each response carries llama-
 server's `timings` (prompt / predicted counts, ms and tokens per second, draft_n,
 draft_n_accepted) and the request may set `draft` ('model', 'prompt-lookup', 'hybrid',
-'none'), `draft_n`, `top_k`, `min_p`, `ignore_eos`.
+'suffix', 'none'), `draft_n`, `top_k`, `min_p`, `ignore_eos`.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class _Common(BaseModel):
     stream_options: Optional[dict[str, Any]] = None
     n: int = Field(1, ge=1, le=1)
     ignore_eos: bool = False
-    draft: Optional[Literal["model", "prompt-lookup", "hybrid", "none"]] = None
+    draft: Optional[Literal["model", "prompt-lookup", "hybrid", "suffix", "none"]] = None
     draft_n: Optional[int] = Field(None, ge=1, le=DRAFT_N_MAX)
     logprobs: Optional[Union[bool, int]] = None            # accepted; not computed (null)
     n_probs: Optional[int] = None

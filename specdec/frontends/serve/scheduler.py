@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from specdec.engine.model import eval_batch
-from specdec.speculation.drafters import PromptLookupDrafter
+from specdec.speculation.drafters import PromptLookupDrafter, SuffixDrafter
 from specdec.errors import ConfigError, SpecdecError
 from specdec.interfaces import Eval, EvalTree, GenerationResult, run_eval
 from specdec.speculation.policies import DraftPolicy, StepFeedback
@@ -207,6 +207,7 @@ class _Active:
     steps: object                           # the request's coroutine (interfaces.Steps)
     pending: Eval
     text: _TextTracker
+    runner: Runner | None = None
 
 
 def run_evals(evals: Sequence[Eval]) -> list:
@@ -335,7 +336,7 @@ class Scheduler:
             runner = Runner(self.model, job.params, job.draft, seed=job.seed,
                             ignore_eos=job.ignore_eos, n_ctx=self.n_ctx, session=self.sessions[slot])
             if runner.policy is not None and job.params.greedy:
-                lookup = isinstance(runner.drafter, PromptLookupDrafter)
+                lookup = isinstance(runner.drafter, (PromptLookupDrafter, SuffixDrafter))
                 runner.policy = LoadCappedPolicy(
                     runner.policy, lambda: self.caps.cap(self.batch_size, lookup), self._count_capped)
             text = _TextTracker(self.model.tokenizer, job.stop)
@@ -350,7 +351,7 @@ class Scheduler:
 
             n_predict = job.n_predict if job.n_predict >= 0 else self.n_ctx
             steps = runner.steps(job.prompt_ids, n_predict, on_token=on_token)
-            a = _Active(job, slot, steps, None, text)
+            a = _Active(job, slot, steps, None, text, runner)
             try:
                 a.pending = next(steps)
             except StopIteration as done:
@@ -388,6 +389,8 @@ class Scheduler:
         if active:
             self.active.remove(a)
         if gen is not None:
+            if a.runner is not None:
+                a.runner.remember(a.job.prompt_ids, gen.ids)      # the shared suffix store
             tail = a.text.ready(final=True)
             if tail:
                 a.job.text_parts.append(tail)

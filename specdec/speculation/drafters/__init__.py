@@ -19,7 +19,10 @@ speculative example times its encode phase, not as drafting).
 Drafters here, one module each: model.ModelDrafter (a small model), lookup.PromptLookupDrafter
 (copies what followed an earlier occurrence of the context's last n-gram; q is one-hot),
 hybrid.HybridDrafter (lookup when it matches, the model otherwise), retok.RetokenizingDrafter (a
-draft model of another vocabulary, drafting greedily through text); base.py the interface.  `make_drafter` builds one from a name, a Model or a Drafter.
+draft model of another vocabulary, drafting greedily through text), suffix.SuffixDrafter (the
+most frequent continuation of the longest matching suffix, in the context and a
+suffix.SuffixStore of earlier requests; q one-hot); base.py the interface.  `make_drafter`
+builds one from a name, a Model or a Drafter.
 Each Draft names its `source`, so statistics can be kept per drafter.
 """
 from __future__ import annotations
@@ -32,19 +35,22 @@ from .hybrid import HybridDrafter
 from .lookup import Match, NgramIndex, PromptLookupDrafter, check_lookup_options
 from .model import ModelDrafter
 from .retok import RetokenizingDrafter
+from .suffix import SuffixDrafter, SuffixStore
 
 __all__ = ["DRAFTER_NAMES", "Draft", "Drafter", "HybridDrafter", "Match", "ModelDrafter",
-           "NgramIndex", "PromptLookupDrafter", "RetokenizingDrafter", "check_lookup_options",
+           "NgramIndex", "PromptLookupDrafter", "RetokenizingDrafter", "SuffixDrafter", "SuffixStore",
+           "check_lookup_options",
            "make_drafter"]
 
 
-DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid")
+DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid", "suffix")
 
 
 def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draft_p: float = 0.0,
                  n_ctx: int | None = None, lookup_ngram_min: int = 2,
                  lookup_ngram_max: int = 16, draft_vocab: int | None = None,
-                 lookup_copy_ratio: float = 1.0, retokenize: bool = False) -> Drafter:
+                 lookup_copy_ratio: float = 1.0, retokenize: bool = False,
+                 suffix_store: SuffixStore | None = None) -> Drafter:
     """A Drafter for `target` (a specdec Model) from what the caller passed as `draft`:
 
       a Drafter object (has `propose`)   used as is;
@@ -52,7 +58,11 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
       'model'                            ModelDrafter over `draft_model`;
       'prompt-lookup'                    PromptLookupDrafter(lookup_ngram_max, lookup_ngram_min,
                                          copy_ratio=lookup_copy_ratio);
-      'hybrid'                           HybridDrafter(prompt lookup, ModelDrafter(draft_model)).
+      'suffix'                           SuffixDrafter over suffix_store (None: a store of its
+                                         own), same n-gram and copy options as prompt lookup;
+      'hybrid'                           HybridDrafter(prompt lookup, ModelDrafter(draft_model)),
+                                         the SuffixDrafter in place of lookup when suffix_store
+                                         is given.
 
     draft_p: the model drafter's confidence floor (policy.p_min); draft_vocab: the draft model
     computes logits for ids below it only (None: all).  The draft model's
@@ -76,13 +86,20 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
         return PromptLookupDrafter(n_vocab, ngram_max=lookup_ngram_max, ngram_min=lookup_ngram_min,
                                    copy_ratio=lookup_copy_ratio)
 
+    def suffix() -> SuffixDrafter:
+        return SuffixDrafter(n_vocab, suffix_store, ngram_max=lookup_ngram_max,
+                             ngram_min=lookup_ngram_min, copy_ratio=lookup_copy_ratio)
+
     if isinstance(draft, str):
         if draft == "model":
             return model_drafter(draft_model)
         if draft == "prompt-lookup":
             return lookup()
+        if draft == "suffix":
+            return suffix()
         if draft == "hybrid":
-            return HybridDrafter(lookup(), model_drafter(draft_model))
+            return HybridDrafter(suffix() if suffix_store is not None else lookup(),
+                                 model_drafter(draft_model))
         raise ConfigError(f"--draft must be one of {', '.join(DRAFTER_NAMES)}, got {draft!r}")
     if isinstance(draft, Drafter):
         return draft

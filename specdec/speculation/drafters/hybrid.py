@@ -1,4 +1,5 @@
-"""HybridDrafter: prompt lookup where it matches, the draft model otherwise.
+"""HybridDrafter: prompt lookup (or the suffix drafter) where it matches, the draft model
+otherwise.
 
 p is always the target's distribution, q the draft's.
 """
@@ -10,21 +11,28 @@ from ...sampling import Rng
 from .base import Draft, DraftTree, Drafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
+from .suffix import SuffixDrafter
 
 
 class HybridDrafter(Drafter):
-    """Prompt lookup when it has a match, the model drafter otherwise.
+    """Prompt lookup when it has a match, the model drafter otherwise.  `lookup` may be a
+    SuffixDrafter instead (same match / key_of / propose contract): then its store too.
 
     Which one drafts is a function of the context alone (never of the rng), so each draft is
     still x ~ q for the q it reports.  The model drafter's cache is not touched on lookup
     steps: its next `propose` rolls back to the common prefix with the context and evaluates
     everything it missed in one batch (ModelDrafter's lazy catch-up)."""
 
-    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
+    def __init__(self, lookup: PromptLookupDrafter | SuffixDrafter, model: ModelDrafter):
         if lookup.n_vocab != model.n_vocab:
             raise ValueError(f"hybrid drafter: lookup over {lookup.n_vocab} ids, model over {model.n_vocab}")
         self.lookup, self.model, self.n_vocab = lookup, model, model.n_vocab
         self._by: Drafter | None = None               # who made the last proposal
+
+    @property
+    def store(self):
+        """The lookup's SuffixStore, or None (plain prompt lookup)."""
+        return getattr(self.lookup, "store", None)
 
     def reset(self) -> None:
         self.lookup.reset()

@@ -23,7 +23,7 @@ class NgramIndex:
     request, a rolled-back context) it starts over.  Appending k tokens costs O(k * n_max)
     dict updates; the prefix check costs one list comparison.  `find(gram)` -> the end of its
     latest indexed occurrence, or None; `find_before(gram, limit)` -> the latest one ending at
-    or before limit (every occurrence is kept, in order)."""
+    or before limit; `ends(gram)` -> all of them (every occurrence is kept, in order)."""
 
     def __init__(self, n_min: int, n_max: int):
         self.n_min, self.n_max = n_min, n_max
@@ -52,8 +52,8 @@ class NgramIndex:
         e = self._ends.get(gram)
         return e[-1] if e else None
 
-    def occurrences(self, gram: tuple[int, ...]) -> list[int]:
-        """Every indexed end of gram, ascending."""
+    def ends(self, gram: tuple[int, ...]) -> list[int]:
+        """Every indexed end of gram, ascending (do not modify)."""
         return self._ends.get(gram, [])
 
     def find_before(self, gram: tuple[int, ...], limit: int) -> int | None:
@@ -191,7 +191,7 @@ class PromptLookupDrafter(Drafter):
         child: dict[tuple[int, int], int] = {}            # (parent, token) -> node
         n_branches = 0
         for n in range(hit.n, self.ngram_min - 1, -1):
-            for src in reversed(self.index.occurrences(tuple(ids[L - n:]))):
+            for src in reversed(self.index.ends(tuple(ids[L - n:]))):
                 copy = self._copy(ids, L, src, self.copy_len(Match(n, src), n_max))
                 node, grew = -1, False
                 for t in copy:
