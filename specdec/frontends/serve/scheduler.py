@@ -37,6 +37,7 @@ from specdec.request import DraftOptions, Runner
 from specdec.sampling import SamplerParams
 from specdec.tokenizer import StreamDecoder
 
+from .logprobs import RowCursor, TokenLogprob, token_logprob
 from .metrics import Metrics
 
 
@@ -135,7 +136,10 @@ class LoadCappedPolicy(DraftPolicy):
 class Job:
     """One request as the scheduler runs it.  `on_event(kind, value)` is called from the
     scheduler thread: ('text', str) deltas as they are final, then exactly one of
-    ('done', JobResult) or ('error', Exception)."""
+    ('done', JobResult) or ('error', Exception).  With `logprobs` set (the number of
+    alternatives per token, 0..logprobs.MAX_TOP; None: none computed), each text delta is
+    preceded by ('logprobs', [TokenLogprob, ...]): the tokens emitted since the last one
+    (logprobs.py; post_sampling: of the sampler's warped distribution)."""
     prompt_ids: list[int]
     n_predict: int                          # -1: until end of generation or a full context
     params: SamplerParams
@@ -143,6 +147,8 @@ class Job:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
+    post_sampling: bool = False
     on_event: Callable[[str, object], None] | None = None
     id: int = 0
     submitted: float = field(default_factory=time.perf_counter)
@@ -152,6 +158,9 @@ class Job:
     result: "JobResult | None" = None
     error: Exception | None = None
     text_parts: list[str] = field(default_factory=list)
+    token_logprobs: list[TokenLogprob] = field(default_factory=list)   # one per emitted token
+    text_offsets: list[int] = field(default_factory=list)              # its first character
+    _lp_sent: int = 0                       # token_logprobs already sent as an event
 
     def cancel(self) -> None:
         """Ask the scheduler to stop this request and free its slot at its next step."""
@@ -172,6 +181,8 @@ class JobResult:
     text: str
     gen: GenerationResult
     queue_s: float                          # time waiting for a slot
+    logprobs: tuple[TokenLogprob, ...] | None = None    # one per id (Job.logprobs set)
+    text_offsets: tuple[int, ...] = ()
 
 
 class _TextTracker:
@@ -207,6 +218,7 @@ class _Active:
     steps: object                           # the request's coroutine (interfaces.Steps)
     pending: Eval
     text: _TextTracker
+    rows: RowCursor | None = None           # the logits the next tokens came from (logprobs)
 
 
 def run_evals(evals: Sequence[Eval]) -> list:
@@ -336,18 +348,20 @@ class Scheduler:
                 runner.policy = LoadCappedPolicy(
                     runner.policy, lambda: self.caps.cap(self.batch_size, lookup), self._count_capped)
             text = _TextTracker(self.model.tokenizer, job.stop)
+            rows = RowCursor() if job.logprobs is not None else None
+            lp_params = job.params if job.post_sampling else None
 
             def on_token(token: int, kind: str) -> bool:
+                if rows is not None:
+                    job.text_offsets.append(len(text.text))
+                    job.token_logprobs.append(token_logprob(rows.take(), token, job.logprobs, lp_params))
                 stopped = text.push(token)
-                delta = text.ready()
-                if delta:
-                    job.text_parts.append(delta)
-                    self._emit(job, "text", delta)
+                self._send_text(job, text.ready())
                 return stopped
 
             n_predict = job.n_predict if job.n_predict >= 0 else self.n_ctx
             steps = runner.steps(job.prompt_ids, n_predict, on_token=on_token)
-            a = _Active(job, slot, steps, None, text)
+            a = _Active(job, slot, steps, None, text, rows)
             try:
                 a.pending = next(steps)
             except StopIteration as done:
@@ -367,6 +381,8 @@ class Scheduler:
                 a.steps.close()
                 self._finish(a, None, lg, "error")
                 continue
+            if a.rows is not None:
+                a.rows.feed(lg)
             try:
                 a.pending = a.steps.send(lg)
             except StopIteration as done:
@@ -385,10 +401,7 @@ class Scheduler:
         if active:
             self.active.remove(a)
         if gen is not None:
-            tail = a.text.ready(final=True)
-            if tail:
-                a.job.text_parts.append(tail)
-                self._emit(a.job, "text", tail)
+            self._send_text(a.job, a.text.ready(final=True), final=True)
         self._release(a.job, a.slot, gen, err, status)
 
     def _release(self, job: Job, slot: int, gen: GenerationResult | None,
@@ -400,14 +413,24 @@ class Scheduler:
             s = gen.stats
             self.metrics.request_done(status, gen.n_prompt, len(gen.ids),
                                       s.n_drafted if s else 0, s.n_accepted if s else 0)
+            lps = tuple(job.token_logprobs) if job.logprobs is not None else None
             job.result = JobResult(list(gen.ids), "".join(job.text_parts), gen,
-                                   job.started - job.submitted)
+                                   job.started - job.submitted, lps, tuple(job.text_offsets))
             self._emit(job, "done", job.result)
         else:
             self.metrics.request_done(status)
             job.error = err if err is not None else Cancelled("the request was cancelled")
             self._emit(job, "error", job.error)
         job.finished.set()
+
+    def _send_text(self, job: Job, delta: str, final: bool = False) -> None:
+        """A text delta, after the logprobs of the tokens emitted since the last one."""
+        if (delta or final) and job.logprobs is not None and job._lp_sent < len(job.token_logprobs):
+            self._emit(job, "logprobs", job.token_logprobs[job._lp_sent:])
+            job._lp_sent = len(job.token_logprobs)
+        if delta:
+            job.text_parts.append(delta)
+            self._emit(job, "text", delta)
 
     def _emit(self, job: Job, kind: str, value) -> None:
         if job.on_event is not None:
