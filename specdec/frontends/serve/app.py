@@ -222,7 +222,8 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
                   if x is not None), config.n_predict)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         return Job(ids, n, params, draft, seed=config.seed if body.seed is None else (None if body.seed == -1 else body.seed),
-                   stop=stop, ignore_eos=body.ignore_eos, logprobs=_n_top(body, chat),
+                   stop=stop, ignore_eos=body.ignore_eos, stream=body.stream,
+                   logprobs=_n_top(body, chat),
                    post_sampling=body.post_sampling_probs)
 
     async def _serve(body: _Common, ids: list[int], request: Request, chat: bool):
