@@ -116,6 +116,53 @@ def test_stop_strings_are_trimmed(server):
     assert cut == text[: text.find(stop)] and j["choices"][0]["finish_reason"] == "stop"
 
 
+def test_logprobs_through_the_openai_client(server):
+    """completions' logprobs: N and chat's logprobs + top_logprobs, full and streamed, with
+    and without the draft model and under load: the same numbers."""
+    name = server.client.models.list().data[0].id
+    kw = dict(model=name, prompt="abcabcab", max_tokens=10, temperature=0, logprobs=3)
+    full = server.client.completions.create(**kw, extra_body={"ignore_eos": True, "draft": "none"})
+    lp = full.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 10
+    assert all(v <= 0 for v in lp.token_logprobs) and all(1 <= len(t) <= 3 for t in lp.top_logprobs)
+    assert lp.text_offset[0] == 0 and "".join(lp.tokens) == full.choices[0].text
+    for draft in ("model", "prompt-lookup"):
+        d = server.client.completions.create(**kw, extra_body={"ignore_eos": True, "draft": draft})
+        assert d.choices[0].logprobs.token_logprobs == lp.token_logprobs, draft
+    with ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(complete, server, "xyzxyz" * (i + 1), 8 + 3 * i, draft="model") for i in range(3)]
+        busy = ex.submit(server.client.completions.create, **kw,
+                         extra_body={"ignore_eos": True, "draft": "model"})
+        assert busy.result(60).choices[0].logprobs.token_logprobs == lp.token_logprobs
+        for f in futs:
+            f.result(60)
+    streamed = [x for ch in server.client.completions.create(
+        **kw, stream=True, extra_body={"ignore_eos": True}) if ch.choices[0].logprobs
+        for x in ch.choices[0].logprobs.token_logprobs]
+    assert streamed == lp.token_logprobs
+
+    msgs = [{"role": "user", "content": "abc"}]
+    chat = server.client.chat.completions.create(model=name, messages=msgs, max_tokens=6,
+                                                 temperature=0, logprobs=True, top_logprobs=2,
+                                                 extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 6 and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.top_logprobs[0].logprob >= c.logprob for c in content)       # greedy: the top
+    assert "".join(bytes(c.bytes).decode("utf-8", "replace") for c in content) == chat.choices[0].message.content
+    chunks = server.client.chat.completions.create(model=name, messages=msgs, max_tokens=6,
+                                                   temperature=0, logprobs=True, top_logprobs=2,
+                                                   stream=True, extra_body={"ignore_eos": True})
+    got = [c.logprob for ch in chunks if ch.choices and ch.choices[0].logprobs
+           for c in ch.choices[0].logprobs.content]
+    assert got == [c.logprob for c in content]
+    plain = server.client.chat.completions.create(model=name, messages=msgs, max_tokens=3)
+    assert plain.choices[0].logprobs is None
+    n_probs = server.post("/v1/completions", {"prompt": "abcabcab", "max_tokens": 10, "temperature": 0,
+                                              "ignore_eos": True, "n_probs": 3}).json()
+    assert n_probs["choices"][0]["logprobs"]["token_logprobs"] == lp.token_logprobs
+    assert server.post("/v1/completions", {"prompt": "ab", "logprobs": 21}).status_code == 400
+
+
 @pytest.mark.parametrize("body,status,param", [
     ("{not json", 400, None),
     ('["a list"]', 400, None),

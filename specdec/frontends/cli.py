@@ -181,6 +181,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
                         "batch size B up ('-': uncapped; default: 1:-,2:0, docs/serve.md)")
     g.add_argument("--lookup-caps", default=None, metavar="B:N,...",
                    help="the same for prompt lookup (default: 1:-,2:4,3:3,4:2,5:1,8:0)")
+    g.add_argument("--prefill-chunk", type=int, default=256, metavar="N",
+                   help="while other requests decode, evaluate a long prompt N rows per step "
+                        "(0: whole prompts at once; default: 256)")
 
 
 def build_parser() -> argparse.ArgumentParser:

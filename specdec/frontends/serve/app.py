@@ -34,6 +34,7 @@ from specdec.errors import SpecdecError
 from specdec.speculation.policies import DRAFT_N_MAX
 from specdec.sampling import SamplerParams
 
+from .logprobs import MAX_TOP, chat_logprobs, completion_logprobs
 from .scheduler import Cancelled, Job, JobResult, QueueFull, Scheduler, ShuttingDown
 
 RETRY_AFTER_S = 1
@@ -61,8 +62,10 @@ class _Common(BaseModel):
     ignore_eos: bool = False
     draft: Optional[Literal["model", "prompt-lookup", "hybrid", "suffix", "none"]] = None
     draft_n: Optional[int] = Field(None, ge=1, le=DRAFT_N_MAX)
-    logprobs: Optional[Union[bool, int]] = None            # accepted; not computed (null)
-    n_probs: Optional[int] = None
+    logprobs: Optional[Union[bool, int]] = None            # completions: N; chat: true
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP)   # chat's N
+    n_probs: Optional[int] = Field(None, ge=0, le=MAX_TOP)        # llama-server's N
+    post_sampling_probs: bool = False                      # llama-server: the sampler's p
 
 
 class CompletionRequest(_Common):
@@ -190,7 +193,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
         ids = model.tokenize(model.chat_prompt(msgs))
         return await _serve(body, ids, request, chat=True)
 
-    def _job(body: _Common, ids: list[int]) -> Job:
+    def _job(body: _Common, ids: list[int], chat: bool) -> Job:
         if body.model is not None and body.model not in config.model_ids:
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves "
                                 f"{config.model_ids[0]!r}", param="model", code="model_not_found")
@@ -219,10 +222,12 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
                   if x is not None), config.n_predict)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         return Job(ids, n, params, draft, seed=config.seed if body.seed is None else (None if body.seed == -1 else body.seed),
-                   stop=stop, ignore_eos=body.ignore_eos)
+                   stop=stop, ignore_eos=body.ignore_eos, stream=body.stream,
+                   logprobs=_n_top(body, chat),
+                   post_sampling=body.post_sampling_probs)
 
     async def _serve(body: _Common, ids: list[int], request: Request, chat: bool):
-        job = _job(body, ids)
+        job = _job(body, ids, chat)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         job.on_event = lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (kind, value))
@@ -232,7 +237,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
             raise ApiError(503, str(e), "server_error", code="unavailable",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        shape = _Shape(rid, int(time.time()), config.model_ids[0], chat, job)
+        shape = _Shape(rid, int(time.time()), config.model_ids[0], chat, job, model.tokenizer)
         if body.stream:
             usage_chunk = bool((body.stream_options or {}).get("include_usage"))
             return StreamingResponse(_sse(job, events, shape, usage_chunk),
@@ -256,6 +261,22 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
                 job.cancel()
 
     return app
+
+
+def _n_top(body: _Common, chat: bool) -> int | None:
+    """Alternatives per token the request asks for (None: no logprobs): completions'
+    `logprobs: N`, chat's `logprobs: true` with `top_logprobs: N`, or llama-server's `n_probs`."""
+    lp = body.logprobs
+    if body.n_probs:
+        return body.n_probs
+    if chat:
+        return (body.top_logprobs or 0) if lp else None
+    if lp is None or lp is False:
+        return None
+    n = 0 if lp is True else int(lp)
+    if not 0 <= n <= MAX_TOP:
+        raise ApiError(400, f"logprobs: must be in 0..{MAX_TOP}, got {n}", param="logprobs")
+    return n
 
 
 async def _parse(request: Request, cls: type[BaseModel]) -> BaseModel:
@@ -295,15 +316,19 @@ async def _sse(job: Job, events: asyncio.Queue, shape: "_Shape", usage_chunk: bo
     """The server-sent events of a streamed request; cancels the job if the client leaves."""
     def data(obj) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    pending: list = []                      # logprobs of the tokens behind the next delta
     try:
         if shape.chat:
             yield data(shape.chunk("", role=True))
         while True:
             kind, value = await events.get()
-            if kind == "text":
-                yield data(shape.chunk(value))
+            if kind == "logprobs":
+                pending += value
+            elif kind == "text":
+                yield data(shape.chunk(value, lps=pending))
+                pending = []
             elif kind == "done":
-                yield data(shape.last_chunk(value))
+                yield data(shape.last_chunk(value, pending))
                 if usage_chunk:
                     yield data({**shape.head(), "choices": [], "usage": _usage(value)})
                 break
@@ -346,31 +371,45 @@ class _Shape:
     model: str
     chat: bool
     job: Job
+    tokenizer: Any = None
+    n_streamed: int = 0                     # tokens whose logprobs went out in chunks
+
+    def logprobs(self, lps, first: int = 0) -> dict | None:
+        """The `logprobs` object of a choice over lps, the tokens first.. of the answer."""
+        if self.job.logprobs is None:
+            return None
+        if self.chat:
+            return chat_logprobs(self.tokenizer, list(lps))
+        return completion_logprobs(self.tokenizer, list(lps),
+                                   self.job.text_offsets[first: first + len(lps)])
 
     def head(self) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def chunk(self, text: str, role: bool = False, finish: str | None = None) -> dict:
+    def chunk(self, text: str, role: bool = False, finish: str | None = None, lps=()) -> dict:
+        lp = self.logprobs(lps, self.n_streamed) if lps else None
+        self.n_streamed += len(lps)
         if self.chat:
             delta = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
         return {**self.head(), "choices": [choice]}
 
-    def last_chunk(self, r: JobResult) -> dict:
-        return {**self.chunk("", finish=FINISH.get(r.gen.stop_reason, "stop")),
+    def last_chunk(self, r: JobResult, lps=()) -> dict:
+        return {**self.chunk("", finish=FINISH.get(r.gen.stop_reason, "stop"), lps=lps),
                 "usage": _usage(r), "timings": timings(r)}
 
     def full(self, r: JobResult) -> dict:
         finish = FINISH.get(r.gen.stop_reason, "stop")
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": r.text},
-                      "logprobs": None, "finish_reason": finish}
+                      "logprobs": self.logprobs(r.logprobs or ()), "finish_reason": finish}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": r.text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": r.text, "logprobs": self.logprobs(r.logprobs or ()),
+                      "finish_reason": finish}
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": [choice], "usage": _usage(r), "timings": timings(r)}

@@ -42,7 +42,8 @@ def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
     elif options.kind in ("model", "hybrid"):
         raise ConfigError(f"--draft {options.kind} needs a draft model (-md)")
     scheduler = Scheduler(target, n_parallel=a.parallel, n_ctx=a.ctx_size or None, draft=options,
-                          caps=caps, max_queue=a.queue_size)
+                          caps=caps, max_queue=a.queue_size, prefill_chunk=a.prefill_chunk,
+                          threads=a.threads)
     ids = [a.alias] if a.alias else []
     for name in (a.model, os.path.basename(target.path), os.path.splitext(target.name)[0]):
         if name not in ids:

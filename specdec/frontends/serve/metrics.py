@@ -26,6 +26,7 @@ class Metrics:
         self.step_sequences = 0              # sequences over all of them (sum of batch sizes)
         self.step_seconds = 0.0
         self.capped_steps = 0                # greedy steps whose draft the load cap shortened
+        self.prefill_chunks = 0              # prompt chunks run ahead of a prompt's last one
         self.last_batch_size = 0
         self.last_batch_rows = 0
 
@@ -45,6 +46,10 @@ class Metrics:
             self.step_sequences += n_sequences
             self.step_seconds += seconds
             self.last_batch_size, self.last_batch_rows = n_sequences, n_rows
+
+    def prefill_chunk_done(self) -> None:
+        with self.lock:
+            self.prefill_chunks += 1
 
     def render(self, gauges: dict[str, tuple[str, float]],
                draft_caps: dict[str, dict[int, int | None]]) -> str:
@@ -88,6 +93,9 @@ class Metrics:
             metric("draft_capped_steps_total", "counter",
                    "greedy speculative steps whose draft length the load cap lowered",
                    [({}, self.capped_steps)])
+            metric("prefill_chunks_total", "counter",
+                   "prompt chunks evaluated ahead of a prompt's last one (--prefill-chunk)",
+                   [({}, self.prefill_chunks)])
         for name, (help_, value) in gauges.items():
             metric(name, "gauge", help_, [({}, value)])
         metric("draft_cap", "gauge", "most tokens a greedy request drafts per step at a batch "

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from specdec.engine.model import eval_batch
-from specdec.speculation.drafters import PromptLookupDrafter, SuffixDrafter
+from specdec.speculation.drafters import Draft, Drafter, PromptLookupDrafter, SuffixDrafter
 from specdec.errors import ConfigError, SpecdecError
 from specdec.interfaces import Eval, EvalTree, GenerationResult, run_eval
 from specdec.speculation.policies import DraftPolicy, StepFeedback
@@ -37,6 +37,7 @@ from specdec.request import DraftOptions, Runner
 from specdec.sampling import SamplerParams
 from specdec.tokenizer import StreamDecoder
 
+from .logprobs import RowCursor, TokenLogprob, token_logprob
 from .metrics import Metrics
 
 
@@ -59,6 +60,9 @@ class ShuttingDown(SpecdecError):
 # step (None: the request's own policy, uncapped).
 DEFAULT_CAPS: dict[int, int | None] = {1: None, 2: 0}                       # a draft model
 DEFAULT_LOOKUP_CAPS: dict[int, int | None] = {1: None, 2: 4, 3: 3, 4: 2, 5: 1, 8: 0}   # free drafts
+
+
+DEFAULT_PREFILL_CHUNK = 256     # prompt rows per step while other requests decode (0: whole)
 
 
 class DraftCaps:
@@ -129,13 +133,45 @@ class LoadCappedPolicy(DraftPolicy):
         self.inner.observe(fb)
 
 
+class LazyPrefill(Drafter):
+    """A drafter whose prompt phase is left to its first proposal.  A draft model's prefill
+    would run inside the request's step, unbatched, while the whole batch waits, and under
+    load a capped greedy request may never draft at all; its first `propose` catches the draft
+    cache up on the whole context in one pass instead (ModelDrafter's lazy catch-up), which
+    gives the same draft logits bit for bit (row independence) and draws nothing at random,
+    so every request's tokens are unchanged."""
+
+    def __init__(self, inner: Drafter):
+        self.inner, self.n_vocab, self.source = inner, inner.n_vocab, inner.source
+
+    def propose(self, context_ids, n_max: int, rng) -> Draft:
+        return self.inner.propose(context_ids, n_max, rng)
+
+    def propose_tree(self, context_ids, n_max: int, k: int, rng):
+        return self.inner.propose_tree(context_ids, n_max, k, rng)
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        self.inner.accept(n_accepted, next_token)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def key(self, context_ids):
+        return self.inner.key(context_ids)
+
+
 # -- jobs ------------------------------------------------------------------------------------
 
 @dataclass
 class Job:
     """One request as the scheduler runs it.  `on_event(kind, value)` is called from the
-    scheduler thread: ('text', str) deltas as they are final, then exactly one of
-    ('done', JobResult) or ('error', Exception)."""
+    scheduler thread: ('text', str) deltas as they are final — at most one per step, the
+    tokens of a speculative step together — then exactly one of ('done', JobResult) or
+    ('error', Exception); with stream False only the last of these (the text is in the
+    result: no event per step crosses threads).  With `logprobs` set (the number of
+    alternatives per token, 0..logprobs.MAX_TOP; None: none computed), each text delta is
+    preceded by ('logprobs', [TokenLogprob, ...]): the tokens emitted since the last one
+    (logprobs.py; post_sampling: of the sampler's warped distribution)."""
     prompt_ids: list[int]
     n_predict: int                          # -1: until end of generation or a full context
     params: SamplerParams
@@ -143,6 +179,9 @@ class Job:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    stream: bool = True                     # text (and logprobs) events per step
+    logprobs: int | None = None
+    post_sampling: bool = False
     on_event: Callable[[str, object], None] | None = None
     id: int = 0
     submitted: float = field(default_factory=time.perf_counter)
@@ -152,6 +191,10 @@ class Job:
     result: "JobResult | None" = None
     error: Exception | None = None
     text_parts: list[str] = field(default_factory=list)
+    token_logprobs: list[TokenLogprob] = field(default_factory=list)   # one per emitted token
+    text_offsets: list[int] = field(default_factory=list)              # its first character
+    _lp_sent: int = 0                       # token_logprobs already sent as an event
+    _delta: list[str] = field(default_factory=list)    # text of this step, not yet sent
 
     def cancel(self) -> None:
         """Ask the scheduler to stop this request and free its slot at its next step."""
@@ -172,6 +215,8 @@ class JobResult:
     text: str
     gen: GenerationResult
     queue_s: float                          # time waiting for a slot
+    logprobs: tuple[TokenLogprob, ...] | None = None    # one per id (Job.logprobs set)
+    text_offsets: tuple[int, ...] = ()
 
 
 class _TextTracker:
@@ -208,6 +253,8 @@ class _Active:
     pending: Eval
     text: _TextTracker
     runner: Runner | None = None
+    rows: RowCursor | None = None           # the logits the next tokens came from (logprobs)
+    prefilled: int = 0                      # prompt rows of `pending` evaluated in earlier steps
 
 
 def run_evals(evals: Sequence[Eval]) -> list:
@@ -247,11 +294,15 @@ class Scheduler:
 
     def __init__(self, model, *, n_parallel: int = 4, n_ctx: int | None = None,
                  draft: DraftOptions = DraftOptions(), caps: DraftCaps | None = None,
-                 max_queue: int = 64, metrics: Metrics | None = None):
+                 max_queue: int = 64, metrics: Metrics | None = None,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, threads: int = 0):
         if n_parallel < 1:
             raise ConfigError(f"--parallel must be >= 1, got {n_parallel}")
         if max_queue < 0:
             raise ConfigError(f"--queue-size must be >= 0, got {max_queue}")
+        if prefill_chunk < 0:
+            raise ConfigError(f"--prefill-chunk must be >= 0 (0: whole prompts), got {prefill_chunk}")
+        self.prefill_chunk, self.threads = int(prefill_chunk), int(threads)
         self.model, self.draft, self.caps = model, draft, caps or DraftCaps()
         self.n_ctx = int(n_ctx or model.n_ctx)
         self.n_parallel, self.max_queue = int(n_parallel), int(max_queue)
@@ -311,6 +362,9 @@ class Scheduler:
 
     # -- the scheduler thread --------------------------------------------------------------
     def _loop(self) -> None:
+        if self.threads:                    # numba's thread count is per calling thread
+            import numba
+            numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
         while True:
             with self._cv:
                 while not self._stopped and not self.queue and not self.active:
@@ -335,23 +389,33 @@ class Scheduler:
         try:
             runner = Runner(self.model, job.params, job.draft, seed=job.seed,
                             ignore_eos=job.ignore_eos, n_ctx=self.n_ctx, session=self.sessions[slot])
+            lookup = isinstance(runner.drafter, (PromptLookupDrafter, SuffixDrafter))
+            if runner.drafter is not None and not lookup:
+                runner.drafter = LazyPrefill(runner.drafter)
             if runner.policy is not None and job.params.greedy:
-                lookup = isinstance(runner.drafter, (PromptLookupDrafter, SuffixDrafter))
                 runner.policy = LoadCappedPolicy(
                     runner.policy, lambda: self.caps.cap(self.batch_size, lookup), self._count_capped)
             text = _TextTracker(self.model.tokenizer, job.stop)
+            if job.logprobs is not None and runner.tree_k > 1:
+                # a tree pass's logits rows are its nodes, not the emitted tokens in order
+                raise ConfigError("logprobs / n_probs are not computed with --draft-tree > 1")
+            rows = RowCursor() if job.logprobs is not None else None
+            lp_params = job.params if job.post_sampling else None
 
             def on_token(token: int, kind: str) -> bool:
+                if rows is not None:
+                    job.text_offsets.append(len(text.text))
+                    job.token_logprobs.append(token_logprob(rows.take(), token, job.logprobs, lp_params))
                 stopped = text.push(token)
                 delta = text.ready()
                 if delta:
                     job.text_parts.append(delta)
-                    self._emit(job, "text", delta)
+                    job._delta.append(delta)
                 return stopped
 
             n_predict = job.n_predict if job.n_predict >= 0 else self.n_ctx
             steps = runner.steps(job.prompt_ids, n_predict, on_token=on_token)
-            a = _Active(job, slot, steps, None, text, runner)
+            a = _Active(job, slot, steps, None, text, runner=runner, rows=rows)
             try:
                 a.pending = next(steps)
             except StopIteration as done:
@@ -361,24 +425,51 @@ class Scheduler:
         self.active.append(a)
 
     def _step(self) -> None:
+        """One batched pass over every active request's pending Eval.  A prompt longer than
+        prefill_chunk, while others run too, goes in chunks of that many rows, one per step
+        (their logits are not needed: only the last chunk's are sent), so the others' next
+        tokens wait for one chunk, not the whole prompt; the rows are the same bits either
+        way (the kernels are row independent)."""
         batch = list(self.active)
         self.batch_size = len(batch)
         t0 = time.perf_counter()
-        evals = [a.pending for a in batch]
+        evals, last = zip(*(self._chunk(a, len(batch)) for a in batch))
         logits = run_evals(evals)
-        for a, lg in zip(batch, logits):
+        for a, ev, is_last, lg in zip(batch, evals, last, logits):
             if isinstance(lg, Exception):
                 a.steps.close()
                 self._finish(a, None, lg, "error")
                 continue
+            if not is_last:                             # a prompt chunk: the rest in later steps
+                a.prefilled += len(ev.tokens)
+                self.metrics.prefill_chunk_done()
+                continue
+            a.prefilled = 0
+            if a.rows is not None:
+                a.rows.feed(lg)
             try:
                 a.pending = a.steps.send(lg)
             except StopIteration as done:
                 self._finish(a, done.value, None, "ok")
+                continue
             except Exception as e:                      # noqa: BLE001
                 self._finish(a, None, e, "error")
+                continue
+            self._flush(a.job)
         self.metrics.step_done(len(batch), sum(len(ev.tokens) for ev in evals),
                                time.perf_counter() - t0)
+
+    def _chunk(self, a: _Active, batch_size: int) -> tuple[Eval, bool]:
+        """What of a's pending Eval runs this step, and whether it is the last of it: all of
+        it, or (a last-row-only prompt pass of more than prefill_chunk rows, with others in
+        the batch) its next prefill_chunk rows."""
+        ev, c, done = a.pending, self.prefill_chunk, a.prefilled
+        if c == 0 or not isinstance(ev, Eval) or not ev.last_only or (done == 0 and (batch_size == 1 or len(ev.tokens) <= c)):
+            return ev, True
+        rest = ev.tokens[done:]
+        if batch_size == 1 or len(rest) <= c:
+            return Eval(ev.session, rest, True), True
+        return Eval(ev.session, rest[:c], True), False
 
     def _count_capped(self) -> None:
         with self.metrics.lock:
@@ -394,7 +485,8 @@ class Scheduler:
             tail = a.text.ready(final=True)
             if tail:
                 a.job.text_parts.append(tail)
-                self._emit(a.job, "text", tail)
+                a.job._delta.append(tail)
+            self._flush(a.job, final=True)
         self._release(a.job, a.slot, gen, err, status)
 
     def _release(self, job: Job, slot: int, gen: GenerationResult | None,
@@ -406,14 +498,27 @@ class Scheduler:
             s = gen.stats
             self.metrics.request_done(status, gen.n_prompt, len(gen.ids),
                                       s.n_drafted if s else 0, s.n_accepted if s else 0)
+            lps = tuple(job.token_logprobs) if job.logprobs is not None else None
             job.result = JobResult(list(gen.ids), "".join(job.text_parts), gen,
-                                   job.started - job.submitted)
+                                   job.started - job.submitted, lps, tuple(job.text_offsets))
             self._emit(job, "done", job.result)
         else:
             self.metrics.request_done(status)
             job.error = err if err is not None else Cancelled("the request was cancelled")
             self._emit(job, "error", job.error)
         job.finished.set()
+
+    def _flush(self, job: Job, final: bool = False) -> None:
+        """A streamed job's text of this step as one event, after the logprobs of the tokens
+        emitted since the last one (all of them at the end)."""
+        if not job.stream or not (job._delta or final):
+            return
+        if job.logprobs is not None and job._lp_sent < len(job.token_logprobs):
+            self._emit(job, "logprobs", job.token_logprobs[job._lp_sent:])
+            job._lp_sent = len(job.token_logprobs)
+        if job._delta:
+            delta, job._delta = "".join(job._delta), []
+            self._emit(job, "text", delta)
 
     def _emit(self, job: Job, kind: str, value) -> None:
         if job.on_event is not None:
