@@ -79,7 +79,8 @@ def speculative_lines(sp: dict) -> list[str]:
 
 
 def drafters_lines(dr: dict) -> list[str]:
-    configs = [c for c in ("plain", "model", "prompt-lookup", "lookup-adaptive", "hybrid", "adaptive")
+    configs = [c for c in ("plain", "model", "prompt-lookup", "lookup-adaptive", "hybrid", "adaptive",
+                                   "suffix", "suffix-adaptive")
                if c in next(iter(dr["results"].values()))["summary"]]
     out = ["| prompt set | " + " | ".join(configs) + " |",
            "| --- | " + " | ".join("---:" for _ in configs) + " |"]
