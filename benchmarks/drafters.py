@@ -128,7 +128,7 @@ def run_set(target, draft, set_name: str, a) -> dict:
                 row["store_tokens"] = n_stored
             rows[c].append(row)
             ids_by_config[c] = out.ids
-            print(f"{set_name:13s} {rec['id']:22s} {c:14s} {row['n_tokens']:4d} tok "
+            print(f"{set_name:13s} {rec['id']:22s} {c:15s} {row['n_tokens']:4d} tok "
                   f"{row['tok_s']:7.2f} tok/s" + (f"  acc {row['acceptance']:.2f} "
                                                   f"{row['tokens_per_step']:.2f} tok/step"
                                                   if "acceptance" in row else ""), flush=True)

@@ -45,13 +45,14 @@ class DraftOptions:
     else the model; with a suffix_store the suffix drafter in place of lookup); drafter: a
     ready Drafter object instead.  suffix_store: a SuffixStore shared by the requests that
     run with these options (each finished request's prompt and answer go into it, see
-    `Runner.remember`); None: 'suffix' drafts over a store of its own.  n, p, policy: the draft-length policy (policies.make_policy: 'threshold' drafts
-    up to n and a model draft stops below confidence p, 'fixed' n, 'adaptive' 1..n).  vocab:
-    the draft model computes logits for ids below it only (0: all).  retokenize: the draft
-    model drafts through text (drafters.RetokenizingDrafter: greedy drafts, any vocabulary;
-    required when its vocabulary is not the target's).  tree: candidate
-    continuations verified per step in one target pass (multi-candidate verification,
-    speculation/tree_verify.py; 1: the linear draft), with the fixed or threshold policy.
+    `Runner.remember`); None: 'suffix' drafts over a store of its own.  n, p, policy: the
+    draft-length policy (policies.make_policy: 'threshold' drafts up to n and a model draft
+    stops below confidence p, 'fixed' n, 'adaptive' 1..n).  vocab: the draft model computes
+    logits for ids below it only (0: all).  retokenize: the draft model drafts through text
+    (drafters.RetokenizingDrafter: greedy drafts, any vocabulary; required when its
+    vocabulary is not the target's).  tree: candidate continuations verified per step in one
+    target pass (multi-candidate verification, speculation/tree_verify.py; 1: the linear
+    draft), with the fixed or threshold policy.
 
     Defaults that pay (`auto`): with none of n, p, policy given, a draft model drafts as
     'hybrid' (prompt lookup where the context repeats itself, the model elsewhere) with the
