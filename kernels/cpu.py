@@ -9,7 +9,7 @@ loads with F16C, and a portable fallback without any of them.  The same choice s
 vendors: AMD Zen 4 runs a 512-bit instruction as two 256-bit halves, so the 512-bit K-quant
 path issues half the instructions for the same work there too, and no path needs Intel's
 VEX-only AVX-VNNI.  On a Zen 3 host the portable widen-and-multiply code LLVM made of the
-dot products ran decode at 0.18-0.35x llama.cpp's native build; the AVX2 path 0.8-1.0x
+dot products ran decode at 0.18-0.35x llama.cpp's native build; the AVX2 path 0.6-1.0x
 (docs/architecture.md, "The kernels on each CPU").
 
     host() -> CpuInfo        vendor, model name, family/model/stepping, flags (first CPU)
