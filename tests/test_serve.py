@@ -98,6 +98,14 @@ def test_greedy_identical_alone_and_with_concurrent_others(server, draft):
                 f.result(60)
 
 
+def test_draft_none_decodes_plain(server):
+    """A request's draft "none" is plain decoding, even on a server started with -md (whose
+    default drafting is hybrid): nothing drafted, the same text as the plain answer."""
+    text, j = complete(server, "abcabcabcabcdd", 12, draft="none")
+    assert j["timings"]["draft_n"] == 0 and j["timings"].get("draft_steps", 0) == 0
+    assert text == complete(server, "abcabcabcabcdd", 12, draft="model")[0]
+
+
 def test_seeded_sampled_identical_alone_and_under_load(server):
     kw = dict(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=77, draft="model")
     alone, _ = complete(server, "abcab", 24, **kw)

@@ -215,7 +215,9 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
             if kind in ("model", "hybrid") and config.draft_model is None:
                 raise ApiError(400, f"draft {kind!r} needs a draft model: start the server with -md",
                                param="draft")
-            draft = replace(draft, kind=kind, model=config.draft_model, drafter=None)
+            # "none": plain decoding (kind None with a draft model would mean the defaults)
+            draft = (replace(draft, kind=None, model=None, drafter=None, suffix_store=None)
+                     if kind is None else replace(draft, kind=kind, model=config.draft_model, drafter=None))
         if body.draft_n is not None:
             draft = replace(draft, n=body.draft_n)
         n = next((x for x in (body.max_tokens, body.max_completion_tokens, body.n_predict)
