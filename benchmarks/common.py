@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from specdec.frontends.bench import machine_info, write_json   # shared with `specdec bench`
@@ -104,3 +105,22 @@ def aggregate(rows: list[dict]) -> dict:
                              "measured_acceptance": _rate(b["n_accepted"], b["n_verified"])}
                          for k, b in by.items()}
     return out
+
+
+def timed_configs(target, ids, n_predict: int, kws: dict) -> dict:
+    """target.generate(ids, n_predict, **kw) for each named kw, timed from the call (prefill
+    included): completion_row plus wall_s, wall_tok_s and the ids; every configuration but
+    'plain' also gets its speedup over 'plain' and whether its ids are the same."""
+    rows = {}
+    for name, kw in kws.items():
+        t = time.perf_counter()
+        out = target.generate(ids, n_predict, **kw)
+        wall = time.perf_counter() - t
+        rows[name] = dict(completion_row(out), wall_s=round(wall, 3),
+                          wall_tok_s=round(len(out.ids) / wall, 3), ids=out.ids)
+    plain = rows.get("plain")
+    for name, c in rows.items():
+        if plain and name != "plain":
+            c["speedup"] = round(plain["wall_s"] / c["wall_s"], 3)
+            c["same_ids"] = c["ids"] == plain["ids"]
+    return rows

@@ -16,11 +16,10 @@ unless --mmap; every kernel path is warmed before any timing.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import specdec
-from common import QWEN_DRAFT, QWEN_TARGET, completion_row, load_prompts, machine_info, warm_up, write_json
+from common import QWEN_DRAFT, QWEN_TARGET, load_prompts, machine_info, timed_configs, warm_up, write_json
 
 README_PROMPTS = ("Write a quicksort in Python.",
                   "Write a Python function that checks whether a number is prime.")
@@ -66,19 +65,10 @@ def main(argv=None) -> None:
     runs = []
     for r in rows:
         ids = target.tokenize(r["prompt"])
-        row = {"id": r["id"], "kind": r["kind"], "n_prompt": len(ids), "configs": {}}
-        for name in a.configs:
-            kw = {k: (draft if v == "DRAFT" else v) for k, v in CONFIGS[name].items()}
-            t = time.perf_counter()
-            out = target.generate(ids, a.n_predict, **kw)
-            wall = time.perf_counter() - t
-            row["configs"][name] = dict(completion_row(out), wall_s=round(wall, 3),
-                                        wall_tok_s=round(len(out.ids) / wall, 3), ids=out.ids)
-        plain = row["configs"].get("plain")
-        for name, c in row["configs"].items():
-            if plain and name != "plain":
-                c["speedup"] = round(plain["wall_s"] / c["wall_s"], 3)
-                c["same_ids"] = c["ids"] == plain["ids"]
+        kws = {name: {k: (draft if v == "DRAFT" else v) for k, v in CONFIGS[name].items()}
+               for name in a.configs}
+        row = {"id": r["id"], "kind": r["kind"], "n_prompt": len(ids),
+               "configs": timed_configs(target, ids, a.n_predict, kws)}
         print(f"{r['id']:24s} " + "  ".join(
             f"{n} {c['wall_tok_s']:.1f} tok/s" + (f" ({c['speedup']:.2f}x)" if "speedup" in c else "")
             for n, c in row["configs"].items()), flush=True)

@@ -16,11 +16,10 @@ warmed before any timing.  JSON: <out>/retok.json with machine_info().
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import specdec
-from common import QWEN_DRAFT, QWEN_TARGET, completion_row, load_prompts, machine_info, warm_up, write_json
+from common import QWEN_DRAFT, QWEN_TARGET, load_prompts, machine_info, timed_configs, warm_up, write_json
 
 SMOL_DRAFT = "smollm2-135m-instruct-q4_1"
 CONFIGS = {
@@ -47,21 +46,13 @@ def main(argv=None) -> None:
     runs = []
     for r in rows:
         ids = target.tokenize(r["prompt"])
-        row = {"id": r["id"], "kind": r["kind"], "n_prompt": len(ids), "configs": {}}
+        kws = {}
         for name in a.configs:
-            kw = {k: drafts.get(v, v) if isinstance(v, str) else v for k, v in CONFIGS[name].items()}
+            kw = kws[name] = {k: drafts.get(v, v) if isinstance(v, str) else v for k, v in CONFIGS[name].items()}
             if kw:
                 kw.update(draft_policy=a.draft_policy, draft_n=a.draft_n)
-            t = time.perf_counter()
-            out = target.generate(ids, a.n_predict, **kw)
-            wall = time.perf_counter() - t
-            row["configs"][name] = dict(completion_row(out), wall_s=round(wall, 3),
-                                        wall_tok_s=round(len(out.ids) / wall, 3), ids=out.ids)
-        plain = row["configs"].get("plain")
-        for name, c in row["configs"].items():
-            if plain and name != "plain":
-                c["speedup"] = round(plain["wall_s"] / c["wall_s"], 3)
-                c["same_ids"] = c["ids"] == plain["ids"]
+        row = {"id": r["id"], "kind": r["kind"], "n_prompt": len(ids),
+               "configs": timed_configs(target, ids, a.n_predict, kws)}
         print(f"{r['id']:24s} " + "  ".join(
             f"{n} {c['wall_tok_s']:.1f} tok/s" + (f" acc {c['acceptance']:.2f}" if "acceptance" in c else "")
             + (f" ({c['speedup']:.2f}x)" if "speedup" in c else "")

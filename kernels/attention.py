@@ -41,6 +41,16 @@ def blocked_keys(k: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(out.reshape(hkv, nb, KV_BLOCK, dh).transpose(0, 1, 3, 2))
 
 
+def check_arrays(name: str, q, k_cache, v_cache, out, hint: str = "") -> None:
+    """ValueError unless q, the caches and out are C-contiguous float32 and k_cache is in
+    blocks of KV_BLOCK positions (blocked_keys' layout)."""
+    for a in (q, k_cache, v_cache, out):
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise ValueError(f"{name} needs C-contiguous float32 arrays")
+    if k_cache.ndim != 4 or k_cache.shape[3] != KV_BLOCK:
+        raise ValueError(f"k_cache must be (Hkv, n_ctx / {KV_BLOCK}, Dh, {KV_BLOCK}){hint}")
+
+
 def attention(q, k_cache, v_cache, positions, scale, window, out) -> None:
     """out[m, h] = softmax(scale * q[m, h] · K[:p+1]) · V[:p+1],   p = positions[m].
 
@@ -55,11 +65,7 @@ def attention(q, k_cache, v_cache, positions, scale, window, out) -> None:
     """
     M, H, _ = q.shape
     n_rep = H // k_cache.shape[0]
-    for a in (q, k_cache, v_cache, out):
-        if a.dtype != np.float32 or not a.flags.c_contiguous:
-            raise ValueError("attention needs C-contiguous float32 arrays")
-    if k_cache.ndim != 4 or k_cache.shape[3] != KV_BLOCK:
-        raise ValueError(f"k_cache must be (Hkv, n_ctx / {KV_BLOCK}, Dh, {KV_BLOCK}): see blocked_keys")
+    check_arrays("attention", q, k_cache, v_cache, out, ": see blocked_keys")
     divisors = [c for c in range(min(n_rep, attention_ir.G_MAX), 0, -1) if n_rep % c == 0]
     g = next((c for c in divisors if M * H // c >= get_num_threads()),   # heads per item: the most
              divisors[-1])                                               # that give every thread one

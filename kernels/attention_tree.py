@@ -22,7 +22,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from . import attention_ir
-from .attention import KV_BLOCK, softmax_row
+from .attention import check_arrays, softmax_row
 
 
 def tree_mask(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -52,11 +52,7 @@ def attention_tree(q, k_cache, v_cache, base, depth, anc, scale, window, out) ->
     anc (T, T) uint8 (tree_mask)."""
     M, H, _ = q.shape
     n_rep = H // k_cache.shape[0]
-    for a in (q, k_cache, v_cache, out):
-        if a.dtype != np.float32 or not a.flags.c_contiguous:
-            raise ValueError("attention_tree needs C-contiguous float32 arrays")
-    if k_cache.ndim != 4 or k_cache.shape[3] != KV_BLOCK:
-        raise ValueError(f"k_cache must be (Hkv, n_ctx / {KV_BLOCK}, Dh, {KV_BLOCK})")
+    check_arrays("attention_tree", q, k_cache, v_cache, out)
     if depth.shape != (M,) or anc.shape != (M, M):
         raise ValueError(f"attention_tree: depth {depth.shape} / anc {anc.shape} do not fit {M} rows")
     divisors = [c for c in range(min(n_rep, attention_ir.G_MAX), 0, -1) if n_rep % c == 0]

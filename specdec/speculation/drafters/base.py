@@ -23,6 +23,18 @@ class Draft:
     def empty(n_vocab: int, source: str = "none") -> "Draft":
         return Draft((), np.zeros((0, n_vocab), dtype=np.float64), source)
 
+    @staticmethod
+    def one_hot(tokens: Sequence[int], n_vocab: int, source: str = "none") -> "Draft":
+        """A deterministic draft: each token drawn from the point mass on itself."""
+        return Draft(tuple(int(t) for t in tokens), one_hot_rows(tokens, n_vocab), source)
+
+
+def one_hot_rows(tokens: Sequence[int], n_vocab: int) -> np.ndarray:
+    """(n, V) float64 rows, row i the point mass on tokens[i] (q of a deterministic drafter)."""
+    q = np.zeros((len(tokens), n_vocab), dtype=np.float64)
+    q[np.arange(len(tokens)), np.asarray(tokens, dtype=np.int64)] = 1.0
+    return q
+
 
 @dataclass(frozen=True)
 class DraftTree:

@@ -8,11 +8,9 @@ from __future__ import annotations
 import bisect
 from typing import NamedTuple, Sequence
 
-import numpy as np
-
 from ...errors import ConfigError
 from ...sampling import Rng
-from .base import Draft, DraftTree, Drafter
+from .base import Draft, DraftTree, Drafter, one_hot_rows
 
 
 class NgramIndex:
@@ -206,9 +204,7 @@ class PromptLookupDrafter(Drafter):
                     break
             if n_branches >= k:
                 break
-        q = np.zeros((len(tokens), self.n_vocab), dtype=np.float64)   # (n, V) one-hot rows
-        q[np.arange(len(tokens)), tokens] = 1.0
-        return DraftTree(tuple(tokens), tuple(parents), q, self.source)
+        return DraftTree(tuple(tokens), tuple(parents), one_hot_rows(tokens, self.n_vocab), self.source)
 
     @staticmethod
     def _copy(ids: list[int], L: int, src: int, n: int) -> list[int]:
@@ -219,12 +215,7 @@ class PromptLookupDrafter(Drafter):
         return out
 
     def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
-        tokens = self.tokens(context_ids, n_max)
-        if not tokens:
-            return Draft.empty(self.n_vocab, self.source)
-        q = np.zeros((len(tokens), self.n_vocab), dtype=np.float64)   # (n, V) one-hot rows
-        q[np.arange(len(tokens)), tokens] = 1.0
-        return Draft(tuple(tokens), q, self.source)
+        return Draft.one_hot(self.tokens(context_ids, n_max), self.n_vocab, self.source)
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         pass                                          # the next propose indexes the new tokens

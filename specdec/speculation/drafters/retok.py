@@ -320,10 +320,8 @@ class RetokenizingDrafter(Drafter):
             logits = self._eval([x])
         ids = ids[:n_max]
         ids = ids[: next((j for j, t in enumerate(ids) if t >= self.n_vocab), len(ids))]
-        q = np.zeros((len(ids), self.n_vocab), dtype=np.float64)    # (n, V) one-hot rows
-        q[np.arange(len(ids)), ids] = 1.0
         self._last = ([int(t) for t in context_ids], tuple(ids))
-        return Draft(tuple(ids), q, self.source)
+        return Draft.one_hot(ids, self.n_vocab, self.source)
 
     def prefill(self, context_ids: Sequence[int]) -> None:
         """Evaluate the context's draft ids but the last, in the prompt phase."""

@@ -372,9 +372,4 @@ class SuffixDrafter(Drafter):
         return out
 
     def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
-        tokens = self.tokens(context_ids, n_max)
-        if not tokens:
-            return Draft.empty(self.n_vocab, self.source)
-        q = np.zeros((len(tokens), self.n_vocab), dtype=np.float64)   # (n, V) one-hot rows
-        q[np.arange(len(tokens)), tokens] = 1.0
-        return Draft(tuple(tokens), q, self.source)
+        return Draft.one_hot(self.tokens(context_ids, n_max), self.n_vocab, self.source)
