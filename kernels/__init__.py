@@ -6,7 +6,7 @@ this folder).  Every kernel is ``@njit(cache=True, nogil=True)``; the matmul ker
 
 Modules: formats (the table of GGML format facts), ir (the LLVM IR helpers of the ``*_ir.py``
 files), legacy / legacy_ir / repack (Q4_0 … Q8_0, F32, F16, BF16), kquants / kquants_ir /
-kquants_dequant / q8k (K-quants), float_act / dequant_ir (float activations), q8_act (Q8_0 /
+kquants_dequant / kquants_repack / q8k (K-quants), float_act / dequant_ir (float activations), q8_act (Q8_0 /
 Q8_1 activations), attention / attention_ir / attention_tree (the tree mask), ops (norms,
 RoPE, activations), arrays (argument checks).
 
@@ -14,8 +14,9 @@ Contract of the quantized matmul kernels (``matmul``):
     w    the raw tensor data exactly as stored in the GGUF file, zero-copy:
          uint8 (N, row_bytes) for block-quantized types and BF16,
          float16 (N, K) for F16, float32 (N, K) for F32;
-         for the ``repack.REPACKED`` ids, a legacy-quant tensor rewritten in place (same
-         shape and bytes) into 8-row records (repack.py)
+         for the ``repack.REPACKED`` ids, a tensor rewritten in place (same shape and
+         bytes): a legacy quant's 8-row records (repack.py), a K-quant's blocks in the
+         kernels' lane order (kquants_repack.py)
     x    float32 (M, K), C-contiguous activations
     out  float32 (M, N); out[m] depends on x[m] only and is *bitwise identical*
          whatever M is and whatever the other rows hold (row independence).
@@ -29,8 +30,9 @@ from .float_act import MATMUL_FLOAT_ACT
 
 MATMUL = {**legacy.MATMUL, **kquants.MATMUL,      # ggml type id -> fn(w, x, out)
           **repack.MATMUL}                    # repack.REPACKED ids (in-memory weights)
-GET_ROWS = {**legacy.GET_ROWS, **kquants.GET_ROWS}  # ggml type id -> fn(w, ids, out)
-SUPPORTED_TYPES = frozenset(MATMUL) & frozenset(GET_ROWS)
+GET_ROWS = {**legacy.GET_ROWS, **kquants.GET_ROWS,  # ggml type id -> fn(w, ids, out)
+            **repack.GET_ROWS}                      # repacked K-quant tables
+SUPPORTED_TYPES = frozenset(MATMUL) & frozenset(GET_ROWS) - frozenset(repack.MATMUL)
 
 
 def matmul(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = None,

@@ -38,9 +38,10 @@ def _check_weights(qtype: int, w: np.ndarray, k: int) -> None:
 
 
 def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.ndarray,
-               out: np.ndarray) -> None:
+               out: np.ndarray, drivers=MATMUL_Q8K) -> None:
     """out = x · Wᵀ from activations already quantized by q8k.quantize_q8_k, so several
-    weight matrices reading the same input (q/k/v, gate/up) can share one quantization."""
+    weight matrices reading the same input (q/k/v, gate/up) can share one quantization;
+    drivers: kquants_ir's table for w's layout (the GGUF one, or MATMUL_Q8K_REPACKED)."""
     nb, m = xd.shape
     k = nb * QK_K
     if xq.shape != (nb, m, QK_K) or xbs.shape != (nb, m, 16) or not all(
@@ -50,7 +51,7 @@ def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: n
     if out.shape != (m, w.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, w.shape[0])}")
     n_chunks = max(1, min(get_num_threads(), w.shape[0]))   # one contiguous chunk per thread
-    MATMUL_Q8K[qtype](w, xq, xd, xbs, out, n_chunks)
+    drivers[qtype](w, xq, xd, xbs, out, n_chunks)
 
 
 def _matmul_fn(qtype: int):

@@ -43,7 +43,7 @@ from numba.extending import intrinsic
 from .formats import FORMATS, KQUANTS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
 from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, const_vector, dpbusd_chain,
                  f16_to_f32, fma_v16f32, have_f16c, have_vnni512, load_bytes, prefetch, shuffle,
-                 splat_v16f32, switch_static)
+                 shuffle2, splat_v16f32, switch_static)
 
 PREFETCH_BLOCKS = 8  # rows of a static-M pass prefetch this many super-blocks ahead
 PASS_ROWS = 64  # M > MAX_STATIC_M: weight rows per pass (~55-320 KB of them stay in L2 while ...
@@ -212,6 +212,75 @@ DECODERS: dict[int, Callable] = {           # qtype -> super-block decoder
 }
 
 
+# ------------------------------------------------- decoders of repacked blocks
+
+V32I8 = ir.VectorType(I8, 32)
+
+
+def _byte_shift(builder, v, by: int):
+    """v << by (by > 0) or v >> −by, bytewise (<32 x i8>)."""
+    if by > 0:
+        return builder.shl(v, ir.Constant(V32I8, by))
+    return builder.lshr(v, ir.Constant(V32I8, -by)) if by < 0 else v
+
+
+def _nibbles(builder, p, off: int, k: int):
+    """(low nibbles, high nibbles) of the 32 bytes at off + 32k: lanes 0-7 and 8-15 of V_k."""
+    c = load_bytes(builder, p, off + 32 * k, V32I8)
+    return (builder.and_(c, ir.Constant(V32I8, 15)),
+            builder.and_(builder.lshr(c, ir.Constant(V32I8, 4)), ir.Constant(V32I8, 15)))
+
+
+def _v16(builder, lo, hi):
+    """Two <32 x i8> halves -> one <16 x i32> V_k (lanes 0-7, 8-15)."""
+    return builder.bitcast(shuffle2(builder, lo, hi, list(range(64))), V16I32)
+
+
+def _decode_q4_k_r(builder, p, f16c):
+    """Repacked block_q4_K (kquants_repack.py): header as stored, qs in the V_k order."""
+    u = [_v16(builder, *_nibbles(builder, p, 16, k)) for k in range(4)]
+    sc, mn = k4_scales(builder, p, 4)
+    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
+    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
+    return _decoded(builder, u, sc, d, mn, dmin, u_max=15)
+
+
+def _decode_q5_k_r(builder, p, f16c):
+    """Repacked block_q5_K: qs as Q4_K's, bit 2k + h of qh byte j = the fifth bit of
+    byte j of half h of V_k."""
+    qh = load_bytes(builder, p, 16, V32I8)
+    u = []
+    for k in range(4):
+        halves = [builder.or_(nib, builder.and_(_byte_shift(builder, qh, 4 - (2 * k + h)),
+                                                ir.Constant(V32I8, 0x10)))
+                  for h, nib in enumerate(_nibbles(builder, p, 48, k))]
+        u.append(_v16(builder, *halves))
+    sc, mn = k4_scales(builder, p, 4)
+    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
+    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
+    return _decoded(builder, u, sc, d, mn, dmin, u_max=31)
+
+
+def _decode_q6_k_r(builder, p, f16c):
+    """Repacked block_q6_K: ql in the V_k order (as Q4_K's qs), crumb k of qh byte
+    32h + j = the two high bits of byte j of half h of V_k."""
+    qh = [load_bytes(builder, p, 128 + 32 * h, V32I8) for h in range(2)]
+    u = []
+    for k in range(4):
+        halves = [builder.or_(nib, builder.and_(_byte_shift(builder, qh[h], 4 - 2 * k),
+                                                ir.Constant(V32I8, 0x30)))
+                  for h, nib in enumerate(_nibbles(builder, p, 0, k))]
+        u.append(_v16(builder, *halves))
+    sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
+    d = f16_to_f32(builder, load_bytes(builder, p, 208, I16), f16c)
+    return _decoded(builder, u, sc, d, off=32, u_max=63)
+
+
+REPACKED_DECODERS: dict[int, Callable] = {  # qtype -> decoder of its repacked super-block
+    Q4_K: _decode_q4_k_r, Q5_K: _decode_q5_k_r, Q6_K: _decode_q6_k_r,
+}
+
+
 # --------------------------------------------------------------------------- intrinsics
 
 def _emit_update(builder, dec: Decoded, u8, vnni: bool, x, m, b, acc):
@@ -303,12 +372,14 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x:
                 switch_static(builder, ms, PASS_M, lambda k: rows_static(k, m0, n0, n1), "pass_m")
 
 
-def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None):
+def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None,
+                      repacked: bool = False):
     """-> intrinsic ``kernel(w, xq, xd, xbs, out, c, n_chunks)``: out[:, n] for the
-    rows n of chunk c (see _emit_chunk).
+    rows n of chunk c (see _emit_chunk); repacked: w holds kquants_repack.py's blocks.
     ``vnni`` / ``f16c`` pick the instruction path (default: what the target has); every path
     computes the same values."""
-    decoder, block_bytes = DECODERS[qtype], FORMATS[qtype].type_size
+    decoder = (REPACKED_DECODERS if repacked else DECODERS)[qtype]
+    block_bytes = FORMATS[qtype].type_size
     vnni = have_vnni512() if vnni is None else vnni
     f16c = have_f16c() if f16c is None else f16c
 
@@ -332,7 +403,7 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
             return context.get_dummy_value()
         return sig, codegen
 
-    kernel.__name__ = f"chunk_{FORMATS[qtype].name.lower()}"
+    kernel.__name__ = f"chunk_{FORMATS[qtype].name.lower()}{'_r' if repacked else ''}"
     return intrinsic(kernel)
 
 
@@ -359,6 +430,8 @@ def make_load_f16(f16c: bool | None = None):
 load_f16 = make_load_f16()
 _chunk_q2_k, _chunk_q3_k, _chunk_q4_k, _chunk_q5_k, _chunk_q6_k = (
     make_chunk_kernel(qt) for qt in KQUANTS)
+_chunk_q4_k_r, _chunk_q5_k_r, _chunk_q6_k_r = (
+    make_chunk_kernel(qt, repacked=True) for qt in (Q4_K, Q5_K, Q6_K))
 
 
 # ------------------------------------------------------------------------------ drivers
@@ -399,3 +472,24 @@ def matmul_q6_k(w, xq, xd, xbs, out, n_chunks):
 
 MATMUL_Q8K = {Q2_K: matmul_q2_k, Q3_K: matmul_q3_k, Q4_K: matmul_q4_k, Q5_K: matmul_q5_k,
               Q6_K: matmul_q6_k}
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_q4_k_r(w, xq, xd, xbs, out, n_chunks):
+    for c in prange(n_chunks):
+        _chunk_q4_k_r(w, xq, xd, xbs, out, c, n_chunks)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_q5_k_r(w, xq, xd, xbs, out, n_chunks):
+    for c in prange(n_chunks):
+        _chunk_q5_k_r(w, xq, xd, xbs, out, c, n_chunks)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def matmul_q6_k_r(w, xq, xd, xbs, out, n_chunks):
+    for c in prange(n_chunks):
+        _chunk_q6_k_r(w, xq, xd, xbs, out, c, n_chunks)
+
+
+MATMUL_Q8K_REPACKED = {Q4_K: matmul_q4_k_r, Q5_K: matmul_q5_k_r, Q6_K: matmul_q6_k_r}

@@ -24,6 +24,11 @@ The tile decodes a record with aligned loads, no transpose and, for the fifth bi
 masked byte add per column; the integer dot products and the float updates are those of
 legacy_ir.emit_tile, in the same order, so results are the same bits as the GGUF layout's.
 Repacked types are numbered ``REPACKED[qtype] = 0x100 | qtype`` (never a ggml type).
+
+This module is also the front door for the K-quants' in-block repacking (kquants_repack.py):
+``can_repack`` / ``repack`` / ``REPACKED`` / ``MATMUL`` cover both, ``GET_ROWS`` reads a
+repacked K-quant embedding table, and ``RECORD_ROWS`` says how many rows a record spans
+(8 here, 1 for the K-quants: a head is cut at a whole record).
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from . import kquants_repack
 from .arrays import check_activations, frozen
 from .formats import FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .ir import (F16, I1, I32, I64, V8F32, V8I32, V32I8, have_vnni256, join, load_at, prefetch,
@@ -40,17 +46,21 @@ from .legacy_ir import Decoded, emit_tile
 from .q8_act import QK8, q8_rows
 
 REC = {qt: 8 * FORMATS[qt].type_size for qt in LEGACY}      # bytes per record
-REPACKED = {qt: 0x100 | qt for qt in LEGACY}
+REPACKED = {**{qt: 0x100 | qt for qt in LEGACY}, **kquants_repack.REPACKED}
+RECORD_ROWS = {**{0x100 | qt: 8 for qt in LEGACY}, **{r: 1 for r in kquants_repack.REPACKED.values()}}
 M_CHUNK = 32                     # activation rows per pass over a record (as legacy.M_CHUNK)
 
 
 def can_repack(qtype: int, n_rows: int) -> bool:
-    return qtype in REPACKED and n_rows % 8 == 0
+    return kquants_repack.can_repack(qtype) or (qtype in LEGACY and n_rows % 8 == 0)
 
 
 def repack(w: np.ndarray, qtype: int) -> np.ndarray:
     """GGUF rows (N, nb * block) uint8 -> a new array of the same shape holding the records
-    (module docstring): stream t (records (t, 0 .. nb-1)) in rows 8t .. 8t+7."""
+    (module docstring): stream t (records (t, 0 .. nb-1)) in rows 8t .. 8t+7; a K-quant's
+    blocks in the lane order of kquants_repack.py."""
+    if kquants_repack.can_repack(qtype):
+        return kquants_repack.repack(w, qtype)
     fmt = FORMATS[qtype]
     bb, qh_at, qs_at, mins = fmt.type_size, fmt.qh_offset, fmt.qs_offset, fmt.has_min
     if w.dtype != np.uint8 or w.ndim != 2 or w.shape[0] % 8 or w.shape[1] % bb:
@@ -262,4 +272,6 @@ def _make(qtype: int):
     return matmul
 
 
-MATMUL = {REPACKED[qt]: _make(qt) for qt in LEGACY}    # repacked type id -> fn(w, x, out)
+MATMUL = {**{REPACKED[qt]: _make(qt) for qt in LEGACY},   # repacked type id -> fn(w, x, out)
+          **kquants_repack.MATMUL}
+GET_ROWS = kquants_repack.GET_ROWS                           # repacked K-quant id -> fn(w, ids, out)

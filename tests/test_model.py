@@ -115,11 +115,12 @@ def test_config_from_metadata(tiny_model):
     assert g.sliding_window == 3 and [g.is_local_layer(i) for i in range(6)] == [True] * 5 + [False]
 
 
-@pytest.mark.parametrize("spec", [SPECS[1], SPECS[2], SPECS[3]], ids=lambda s: T(s.qtype).name)
+@pytest.mark.parametrize("spec", [SPECS[1], SPECS[2], SPECS[3], SPECS[4]], ids=lambda s: T(s.qtype).name)
 def test_no_mmap_reads_one_copy_with_the_same_logits(tiny_model, spec):
-    """mmap=False (--no-mmap): the file is read once into memory, read-only, the legacy-quant
-    layer weights are rewritten in place into kernels.repack's 8-row records (the embedding
-    table is not), and the logits are bitwise those of the mapped file."""
+    """mmap=False (--no-mmap): the file is read once into memory, read-only, the layer
+    weights are rewritten in place (legacy quants: kernels.repack's 8-row records, whose
+    embedding table stays; K-quants: kquants_repack's lane order, the table too, tied head
+    included), and the logits are bitwise those of the mapped file."""
     import specdec
     from specdec.kernels import repack
     m = specdec.load(tiny_model(spec).path, n_ctx=tiny_model(spec).n_ctx, mmap=True)
@@ -128,10 +129,11 @@ def test_no_mmap_reads_one_copy_with_the_same_logits(tiny_model, spec):
     assert c.gguf.in_memory and not m.gguf.in_memory
     assert np.shares_memory(wq.w, c.gguf._mm) and c.gguf._mm.size == c.gguf.file_size
     assert not wq.w.flags.writeable and not c.gguf._mm.flags.writeable
-    legacy = spec.qtype in (T.Q8_0, T.Q4_1)
-    assert (wq.qtype == repack.REPACKED.get(spec.qtype)) == legacy and wq.w.shape == m.weights.layers[0].wq.w.shape
-    assert c.weights.tok_embd_type == spec.qtype
-    assert c.gguf.tensor("token_embd.weight").tobytes() == m.gguf.tensor("token_embd.weight").tobytes()
+    assert wq.qtype == repack.REPACKED[spec.qtype] and wq.w.shape == m.weights.layers[0].wq.w.shape
+    kq = spec.qtype in (T.Q4_K, T.Q6_K)
+    assert c.weights.tok_embd_type == (repack.REPACKED[spec.qtype] if kq else spec.qtype)
+    table_kept = c.gguf.tensor("token_embd.weight").tobytes() == m.gguf.tensor("token_embd.weight").tobytes()
+    assert table_kept != kq
     ids = [1, 2, 3, 4, 5]
     assert c.session(16).eval(ids).tobytes() == m.session(16).eval(ids).tobytes()
     s = c.session(16)

@@ -30,7 +30,8 @@ from .requant import Requant, convert, narrows
 @dataclass(frozen=True)
 class Linear:
     """y = x · Wᵀ (+ b).   w: raw rows (N, ·) of the file, or with the file in memory the same
-    bytes in kernels.repack's 8-row records (qtype then a repack.REPACKED id); n_in = K, n_out = N."""
+    bytes repacked by kernels.repack (legacy: 8-row records; K-quants: the lane order of
+    kquants_repack; qtype then a repack.REPACKED id); n_in = K, n_out = N."""
     name: str
     w: np.ndarray
     qtype: int
@@ -107,8 +108,12 @@ class Weights:
                 w, qtype = convert(w, qtype, dst, n_in), dst
                 if not exact and repack.can_repack(qtype, n_out):
                     w, qtype = repack.repack(w, qtype), repack.REPACKED[qtype]
-            elif gf.in_memory and not exact and not table and repack.can_repack(qtype, n_out):
-                # weights in process memory: rewrite in place into one stream per 8 rows
+            elif (gf.in_memory and not exact and repack.can_repack(qtype, n_out)
+                  and (not table or (repack.REPACKED[qtype] in kernels.GET_ROWS
+                                     and not narrows(qtype, requant and requant.head)))):
+                # weights in process memory: rewrite in place (legacy: one stream per 8 rows;
+                # K-quants: codes in the kernels' lane order, a table too unless a requantized
+                # head is to be made from its stored bytes)
                 w = gf.rewrite(name, lambda v: repack.repack(v, t.ggml_type))
                 qtype = repack.REPACKED[t.ggml_type]
             return Linear(name, w, qtype, n_in, n_out, b, exact)
@@ -135,7 +140,7 @@ class Weights:
         emb = lin("token_embd.weight", D, V, table=True)             # also read by row lookup
         if "output.weight" in gf.tensors:
             output = lin("output.weight", D, V, head=True)
-        elif requant is not None and narrows(emb.qtype, requant.head):
+        elif requant is not None and narrows(gf.tensors["token_embd.weight"].ggml_type, requant.head):
             output = lin("token_embd.weight", D, V, table=True, head=True)  # its own copy
         else:
             output = emb
@@ -290,8 +295,8 @@ class ModelSession(Session):
         # a head in 8-row records (kernels/repack.py) is cut at a whole record: its first
         # n_rows >= n_logits rows are computed and the logits trimmed (row-independent: the
         # kept logits are the same bits)
-        n_rows = self.n_logits if out.qtype not in repack.MATMUL else min(-(-self.n_logits // 8) * 8,
-                                                                          cfg.n_vocab)
+        rec = repack.RECORD_ROWS.get(out.qtype, 1)
+        n_rows = min(-(-self.n_logits // rec) * rec, cfg.n_vocab)
         self._head = None if self.n_logits == cfg.n_vocab else replace(
             out, w=out.w[:n_rows], n_out=n_rows,
             bias=None if out.bias is None else out.bias[:n_rows])
