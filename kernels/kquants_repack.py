@@ -20,7 +20,7 @@ the high bits shifted into place (kquants_ir ``REPACKED_DECODERS``): the codes, 
 float operations are exactly those of the GGUF layout, hence the same bits.  Rows stay
 independent (the blocks of a row are its own), so a head can still be cut at any row.
 Repacked types are numbered ``0x100 | qtype``, as kernels/repack.py's legacy records.
-``GET_ROWS`` reads the embedding rows of a repacked table by undoing the move for them.
+kernels/repack.py's ``GET_ROWS`` reads rows of a repacked table by undoing the move (``unpack``).
 """
 from __future__ import annotations
 
@@ -123,20 +123,4 @@ def _matmul_fn(qtype: int):
     return matmul
 
 
-def _get_rows_fn(qtype: int):
-    def get_rows(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
-        """w uint8 (N, row_bytes) repacked, ids int64 (M,) -> out float32 (M, K), in place."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
-            raise IndexError(f"row id out of range [0, {w.shape[0]})")
-        uniq, where = np.unique(ids, return_inverse=True)
-        rows = unpack(w[uniq], qtype)                            # (U, row_bytes) GGUF bytes
-        tmp = np.empty((len(uniq), out.shape[1]), np.float32)
-        kquants.GET_ROWS[qtype](rows, np.arange(len(uniq), dtype=np.int64), tmp)
-        out[...] = tmp[where]
-    get_rows.__name__ = f"get_rows_{FORMATS[qtype].name.lower()}_repacked"
-    return get_rows
-
-
 MATMUL = {REPACKED[qt]: _matmul_fn(qt) for qt in REPACKABLE}      # repacked id -> fn(w, x, out)
-GET_ROWS = {REPACKED[qt]: _get_rows_fn(qt) for qt in REPACKABLE}  # repacked id -> fn(w, ids, out)

@@ -26,9 +26,10 @@ legacy_ir.emit_tile, in the same order, so results are the same bits as the GGUF
 Repacked types are numbered ``REPACKED[qtype] = 0x100 | qtype`` (never a ggml type).
 
 This module is also the front door for the K-quants' in-block repacking (kquants_repack.py):
-``can_repack`` / ``repack`` / ``REPACKED`` / ``MATMUL`` cover both, ``GET_ROWS`` reads a
-repacked K-quant embedding table, and ``RECORD_ROWS`` says how many rows a record spans
-(8 here, 1 for the K-quants: a head is cut at a whole record).
+``can_repack`` / ``repack`` / ``REPACKED`` / ``MATMUL`` cover both, ``GET_ROWS`` reads rows
+of a repacked embedding table (``unpack_rows``: their GGUF bytes back, then the format's own
+row lookup, so a tied table is repacked with its head), and ``RECORD_ROWS`` says how many
+rows a record spans (8 here, 1 for the K-quants: a head is cut at a whole record).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from . import kquants_repack
+from . import kquants, kquants_repack, legacy
 from .arrays import check_activations, frozen
 from .formats import FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .ir import (F16, I1, I32, I64, V8F32, V8I32, V32I8, have_vnni256, join, load_at, prefetch,
@@ -103,6 +104,65 @@ def _repack(w, out, n_streams, nb, bb, qh_at, qs_at, mins, q8):
                     i = ((8 * t + r) * nb + b) * bb + qs_at + 4 * v
                     for j in range(4):
                         out[pos + 32 * v + 4 * r + j] = (w[i + j] ^ np.uint8(0x80)) if q8 else w[i + j]
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _unpack_rows(w, out, rows, nb, bb, qh_at, qs_at, mins, q8):
+    """The inverse of _repack for some rows: w flat uint8 records -> out (len(rows), nb * bb)
+    uint8, the GGUF bytes of row rows[k] in out[k]."""
+    rec = 8 * bb
+    for k in prange(rows.shape[0]):
+        t, r = rows[k] // 8, rows[k] % 8
+        for b in range(nb):
+            o = (t * nb + b) * rec                       # the record
+            i = b * bb                                   # block b of out[k]
+            out[k, i] = w[o + 2 * r]                     # d
+            out[k, i + 1] = w[o + 2 * r + 1]
+            if mins:
+                out[k, i + 2] = w[o + 16 + 2 * r]        # m
+                out[k, i + 3] = w[o + 17 + 2 * r]
+            pos = o + (32 if mins else 16)
+            if qh_at >= 0:
+                qh = np.int64(0)
+                for c in range(8):                       # bits 4r .. 4r+3 of mask c
+                    m = (np.int64(w[pos + 4 * c]) | (np.int64(w[pos + 4 * c + 1]) << 8)
+                         | (np.int64(w[pos + 4 * c + 2]) << 16) | (np.int64(w[pos + 4 * c + 3]) << 24))
+                    qh |= ((m >> (4 * r)) & 15) << (4 * c)
+                for j in range(4):
+                    out[k, i + qh_at + j] = np.uint8((qh >> (8 * j)) & 255)
+                pos += 32
+            for v in range(8 if q8 else 4):
+                for j in range(4):
+                    c = w[pos + 32 * v + 4 * r + j]
+                    out[k, i + qs_at + 4 * v + j] = (c ^ np.uint8(0x80)) if q8 else c
+
+
+def unpack_rows(w: np.ndarray, qtype: int, rows: np.ndarray) -> np.ndarray:
+    """Rows ``rows`` (int64) of a repacked tensor w -> their GGUF bytes (len(rows), row_bytes)."""
+    if kquants_repack.can_repack(qtype):
+        return kquants_repack.unpack(w[rows], qtype)
+    fmt = FORMATS[qtype]
+    out = np.empty((len(rows), w.shape[1]), np.uint8)
+    _unpack_rows(np.ascontiguousarray(w).reshape(-1), out, np.asarray(rows, np.int64),
+                 w.shape[1] // fmt.type_size, fmt.type_size,
+                 -1 if fmt.qh_offset is None else fmt.qh_offset, fmt.qs_offset, fmt.has_min,
+                 qtype == Q8_0)
+    return out
+
+
+def _get_rows_fn(qtype: int):
+    def get_rows(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
+        """w uint8 (N, row_bytes) repacked, ids int64 (M,) -> out float32 (M, K), in place:
+        the distinct rows unpacked to the GGUF bytes, then the format's own row lookup."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
+            raise IndexError(f"row id out of range [0, {w.shape[0]})")
+        uniq, where = np.unique(ids, return_inverse=True)
+        tmp = np.empty((len(uniq), out.shape[1]), np.float32)
+        GET_ROWS_GGUF[qtype](unpack_rows(w, qtype, uniq), np.arange(len(uniq), dtype=np.int64), tmp)
+        out[...] = tmp[where]
+    get_rows.__name__ = f"get_rows_{FORMATS[qtype].name.lower()}_repacked"
+    return get_rows
 
 
 # ------------------------------------------------------------------ record decoder (IR)
@@ -274,4 +334,5 @@ def _make(qtype: int):
 
 MATMUL = {**{REPACKED[qt]: _make(qt) for qt in LEGACY},   # repacked type id -> fn(w, x, out)
           **kquants_repack.MATMUL}
-GET_ROWS = kquants_repack.GET_ROWS                           # repacked K-quant id -> fn(w, ids, out)
+GET_ROWS_GGUF = {**legacy.GET_ROWS, **kquants.GET_ROWS}
+GET_ROWS = {REPACKED[qt]: _get_rows_fn(qt) for qt in REPACKED}   # repacked id -> fn(w, ids, out)

@@ -3,7 +3,7 @@
 The repacked layout is a byte permutation inside each super-block: repack then unpack gives
 the GGUF bytes back, and the matmul over repacked weights is bitwise the matmul over the
 GGUF rows for every M (both kernel paths) — the same codes, scales and float operations.
-The row lookup of a repacked embedding table is bitwise the GGUF one.
+The row lookup of a repacked embedding table (K-quant or legacy record) is bitwise the GGUF one.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from specdec.kernels import kquants, kquants_ir, kquants_repack, repack
 from fakes import one_thread
-from helpers import random_weights
+from helpers import make_weights, random_weights
 
 T = gguf.GGMLQuantizationType
 FORMATS = [T.Q4_K, T.Q5_K, T.Q6_K]
@@ -86,6 +86,22 @@ def test_repacked_table_rows(qtype):
     np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
     with pytest.raises(IndexError):
         repack.GET_ROWS[repack.REPACKED[int(qtype)]](w, np.array([9]), got[:1])
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0], ids=lambda t: t.name)
+def test_legacy_record_table_rows(qtype):
+    """A legacy table in 8-row records: any rows, repeated and unsorted, bitwise as stored."""
+    from specdec.kernels import legacy
+    rng = np.random.default_rng(int(qtype) + 13)
+    w = make_weights(qtype, 24, 96, rng, raw=True)
+    ids = np.array([23, 0, 9, 9, 16, 7])
+    want = np.empty((6, 96), np.float32)
+    legacy.GET_ROWS[int(qtype)](w, ids, want)
+    r = repack.repack(w, int(qtype))
+    np.testing.assert_array_equal(repack.unpack_rows(r, int(qtype), np.arange(24)), w)
+    got = np.empty_like(want)
+    repack.GET_ROWS[repack.REPACKED[int(qtype)]](r, ids, got)
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
 
 
 def test_only_the_gather_formats_are_repacked():
