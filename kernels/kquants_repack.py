@@ -90,6 +90,62 @@ def _move(src, dst, block_bytes, codes, moves, forward):
             dst[o + db] |= ((src[o + sb] >> ss) & mask) << ds
 
 
+@njit(cache=True, nogil=True)
+def _pack_nibbles(s32, o32, at, ql: bool):
+    """Dwords at + 8k + L' of o32 <- the low 4 bits of values 16L' + 4k + i (low nibbles)
+    and 128 + 16L' + 4k + i (high nibbles), i < 4, from the dwords of s32 (one block, as
+    uint32).  Their source: Q4_K / Q5_K qs (``ql`` False): byte 32(L' div 4) + 16(L' mod 2)
+    + 4k + i, nibble (L' mod 4) div 2; Q6_K ql: byte 32((L' div 2) mod 2) + 16(L' mod 2)
+    + 4k + i, nibble L' div 4; the value + 128 lies 64 bytes further."""
+    for k in range(4):
+        for lp in range(8):
+            if ql:
+                d, sh = 8 * ((lp // 2) % 2) + 4 * (lp % 2) + k, 4 * (lp // 4)
+            else:
+                d, sh = 8 * (lp // 4) + 4 * (lp % 2) + k, 4 * ((lp % 4) // 2)
+            lo = (s32[at + d] >> sh) & 0x0F0F0F0F
+            hi = (s32[at + d + 16] >> sh) & 0x0F0F0F0F
+            o32[at + 8 * k + lp] = lo | (hi << 4)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _repack_blocks(src, dst, bb, q5, q6, n_chunks):
+    """repack's moves, format by format in 32-bit words (the same bytes as _move forward,
+    in a few operations per dword): src, dst flat uint8; q5 / q6: the format is Q5_K /
+    Q6_K (else Q4_K).  Each block is copied into an aligned buffer (Q6_K's 210 bytes
+    leave its blocks unaligned) and the code dwords rebuilt there, so src may be dst."""
+    n_blocks, padded = src.shape[0] // bb, (bb + 3) // 4 * 4
+    for c in prange(n_chunks):
+        sbuf, obuf = np.zeros(padded, np.uint8), np.zeros(padded, np.uint8)
+        s32, o32 = sbuf.view(np.uint32), obuf.view(np.uint32)
+        for b in range(c * n_blocks // n_chunks, (c + 1) * n_blocks // n_chunks):
+            o = b * bb
+            for j in range(bb):
+                sbuf[j] = src[o + j]
+                obuf[j] = src[o + j]                    # header; the codes are rewritten
+            if q6:
+                _pack_nibbles(s32, o32, 0, True)
+                for h in range(2):                      # qh: dword 32 + 8h + L'
+                    for lp in range(8):
+                        w = np.uint32(0)
+                        for k in range(4):
+                            w |= ((s32[32 + 8 * h + 4 * (lp % 2) + k] >> (2 * (lp // 2)))
+                                  & 0x03030303) << (2 * k)
+                        o32[32 + 8 * h + lp] = w
+            else:
+                _pack_nibbles(s32, o32, 12 if q5 else 4, False)
+                if q5:
+                    for lp in range(8):                 # qh: dword 4 + L', bit 2k + h
+                        w = np.uint32(0)
+                        for k in range(4):
+                            for h in range(2):
+                                w |= ((s32[4 + 4 * (lp % 2) + k] >> (4 * h + lp // 2))
+                                      & 0x01010101) << (2 * k + h)
+                        o32[4 + lp] = w
+            for j in range(bb):
+                dst[o + j] = obuf[j]
+
+
 def can_repack(qtype: int) -> bool:
     return qtype in REPACKED
 
@@ -104,8 +160,24 @@ def _moved(w: np.ndarray, qtype: int, forward: bool) -> np.ndarray:
     return out
 
 
-def repack(w: np.ndarray, qtype: int) -> np.ndarray:
-    """GGUF rows (N, row_bytes) uint8 -> a new array of the same shape in the lane order."""
+def repack(w: np.ndarray, qtype: int, in_place: bool = False) -> np.ndarray:
+    """GGUF rows (N, row_bytes) uint8 -> a new array of the same shape in the lane order
+    (in_place: w itself, C-contiguous and writable, rewritten block by block)."""
+    bb = FORMATS[qtype].type_size
+    if w.dtype != np.uint8 or w.ndim != 2 or w.shape[1] % bb or qtype not in MOVES:
+        raise ValueError(f"cannot repack a {w.dtype} {w.shape} array as {FORMATS[qtype].name}")
+    if in_place and not (w.flags.c_contiguous and w.flags.writeable):
+        raise ValueError("repack in place needs a C-contiguous writable array")
+    out = w if in_place else np.empty_like(w)
+    n_blocks = w.size // bb
+    _repack_blocks(out.reshape(-1) if in_place else np.ascontiguousarray(w).reshape(-1),
+                   out.reshape(-1), bb, qtype == Q5_K,
+                   qtype == Q6_K, max(1, min(256, n_blocks // 64)))
+    return out
+
+
+def repack_by_table(w: np.ndarray, qtype: int) -> np.ndarray:
+    """repack through the MOVES table, field by field (slower; the reference for repack)."""
     return _moved(w, qtype, True)
 
 

@@ -56,12 +56,13 @@ def can_repack(qtype: int, n_rows: int) -> bool:
     return kquants_repack.can_repack(qtype) or (qtype in LEGACY and n_rows % 8 == 0)
 
 
-def repack(w: np.ndarray, qtype: int) -> np.ndarray:
+def repack(w: np.ndarray, qtype: int, in_place: bool = False) -> np.ndarray:
     """GGUF rows (N, nb * block) uint8 -> a new array of the same shape holding the records
     (module docstring): stream t (records (t, 0 .. nb-1)) in rows 8t .. 8t+7; a K-quant's
-    blocks in the lane order of kquants_repack.py."""
+    blocks in the lane order of kquants_repack.py (in_place: into w itself, K-quants only;
+    the records of the others are always a new array)."""
     if kquants_repack.can_repack(qtype):
-        return kquants_repack.repack(w, qtype)
+        return kquants_repack.repack(w, qtype, in_place)
     fmt = FORMATS[qtype]
     bb, qh_at, qs_at, mins = fmt.type_size, fmt.qh_offset, fmt.qs_offset, fmt.has_min
     if w.dtype != np.uint8 or w.ndim != 2 or w.shape[0] % 8 or w.shape[1] % bb:

@@ -34,7 +34,11 @@ def test_repack_is_a_permutation_within_each_block(qtype):
     w = random_weights(rng, qtype, 5, 3)
     r = repack.repack(w, int(qtype))
     assert r.shape == w.shape and r.dtype == np.uint8
+    np.testing.assert_array_equal(r, kquants_repack.repack_by_table(w, int(qtype)))
     np.testing.assert_array_equal(kquants_repack.unpack(r, int(qtype)), w)
+    same = w.copy()
+    assert repack.repack(same, int(qtype), in_place=True) is same
+    np.testing.assert_array_equal(same, r)
     bb = w.shape[1] // 3
     # the header bytes stay in place, the code bytes hold the same set bits
     codes = kquants_repack.CODES[int(qtype)]

@@ -277,17 +277,19 @@ class GGUFFile:
 
     def rewrite(self, name: str, fn) -> np.ndarray:
         """In-memory copy only: replace tensor ``name``'s bytes by ``fn(view)`` (an array of
-        the same shape and dtype, e.g. kernels.repack.repack) and return the view.  The file
-        on disk is never written; a mapped file cannot be rewritten."""
+        the same shape and dtype, e.g. kernels.repack.repack; or the writable view itself,
+        rewritten in place by fn) and return the view, read-only again.  The file on disk
+        is never written; a mapped file cannot be rewritten."""
         if not self.in_memory:
             raise GGUFError(f"{self.path}: tensor {name!r} can only be rewritten in memory (mmap=False)")
-        view = self.tensor(name)
-        new = fn(view)
-        if new.shape != view.shape or new.dtype != view.dtype:
-            raise ValueError(f"rewrite of {name!r} changed its shape or type")
         self._mm.setflags(write=True)
         try:
-            self.tensor(name)[...] = new
+            view = self.tensor(name)
+            new = fn(view)
+            if new.shape != view.shape or new.dtype != view.dtype:
+                raise ValueError(f"rewrite of {name!r} changed its shape or type")
+            if not np.shares_memory(new, view):
+                view[...] = new
         finally:
             self._mm.setflags(write=False)
         return self.tensor(name)

@@ -114,7 +114,7 @@ class Weights:
                 # weights in process memory: rewrite in place (legacy: one stream per 8 rows;
                 # K-quants: codes in the kernels' lane order, a table too unless a requantized
                 # head is to be made from its stored bytes)
-                w = gf.rewrite(name, lambda v: repack.repack(v, t.ggml_type))
+                w = gf.rewrite(name, lambda v: repack.repack(v, t.ggml_type, in_place=True))
                 qtype = repack.REPACKED[t.ggml_type]
             return Linear(name, w, qtype, n_in, n_out, b, exact)
 
