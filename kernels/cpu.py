@@ -15,6 +15,8 @@ dot products ran decode at 0.18-0.35x llama.cpp's native build; the AVX2 path 0.
     host() -> CpuInfo        vendor, model name, family/model/stepping, flags (first CPU)
     kernel_paths() -> dict   the path each kernel family compiles to on this host
     describe() -> dict       both, as the benchmarks record them
+    verify_growth() -> float what one more verification row costs, as a fraction of a
+                             one-row pass, on this host's path (measured; a prior only)
 """
 from __future__ import annotations
 
@@ -96,3 +98,20 @@ def describe() -> dict:
     return {"cpu": c.model_name, "cpu_vendor": c.vendor, "cpu_family": c.family, "cpu_model": c.model,
             "cpu_stepping": c.stepping, "cpu_microarchitecture": c.microarchitecture,
             "cpu_simd": list(c.simd), "cpu_flags": list(c.flags), "kernel_paths": kernel_paths()}
+
+
+# What an extra verification row costs, relative to a one-row pass, per instruction path
+# (benchmarks/verify_curve.py, Qwen-1.5B and -0.5B, 2 cores): with 512-bit vpdpbusd the
+# passes are memory bound and rows nearly free (Intel Xeon: M = 8 at ~2.0x, the speculation
+# policy's old fixed prior 0.05 was tuned there); with AVX2 every row adds 0.35-0.37 of a
+# pass (AMD EPYC Zen 3, repacked K-quants: M = 8 at 3.6x, M = 2 at 1.35x).
+VERIFY_GROWTH = {"vnni512": 0.05, "avx2": 0.35, "portable": 1.0}
+
+
+def verify_growth() -> float:
+    """The prior verify-cost growth per extra row for this host's kernel path (a starting
+    point that AdaptiveLength's online fit corrects)."""
+    if have_vnni512():
+        return VERIFY_GROWTH["vnni512"]
+    return VERIFY_GROWTH["avx2" if have_avx2() else "portable"]
+

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .speculation.drafters import (DRAFTER_NAMES, Drafter, SuffixStore, check_lookup_options,
                                    make_drafter)
 from .errors import ConfigError, ContextOverflowError
+from .kernels.cpu import verify_growth
 from .generate import plain_steps
 from .interfaces import GenerationResult, OnToken, Session, SpecStats, Steps, Timings, drive
 from .speculation.policies import (POLICY_NAMES, DraftPolicy, FixedLength, check_draft_n, check_draft_p,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 AUTO_N_MAX = 8          # the default draft length bound: AdaptiveLength picks 1..8 per step
 AUTO_VOCAB = 32768      # the default draft head: ids below this, when the vocabulary is > 2x larger
+AUTO_STOP_AFTER = 24    # the defaults stop drafting from a source once this many positions show it cannot pay
 SEED_N, SEED_P = 5, 0.9  # --draft-n / --draft-p when only the other one (or --draft-policy) is given
 
 
@@ -56,7 +58,9 @@ class DraftOptions:
 
     Defaults that pay (`auto`): with none of n, p, policy given, a draft model drafts as
     'hybrid' (prompt lookup where the context repeats itself, the model elsewhere) with the
-    adaptive length in 1..AUTO_N_MAX; with any of them given they mean what llama.cpp's
+    adaptive length in 1..AUTO_N_MAX (0 for a source once AUTO_STOP_AFTER verified positions
+    say no length pays there), its verify-cost prior this host's (kernels.cpu.verify_growth);
+    with any of them given they mean what llama.cpp's
     flags mean (threshold policy, n 5, p 0.9 for the ones not given).  vocab None: AUTO_VOCAB
     for draft vocabularies more than twice as large, else all.  The measurements behind
     these choices: docs/speculative.md, "Defaults"."""
@@ -120,9 +124,10 @@ class DraftOptions:
         if self.auto and self.tree > 1:
             return make_policy("threshold", SEED_N, SEED_P)
         if self.auto:
-            return make_policy("adaptive", AUTO_N_MAX)
+            return make_policy("adaptive", AUTO_N_MAX, growth_prior=verify_growth(),
+                               stop_after=AUTO_STOP_AFTER)
         return make_policy(self.policy or "threshold", SEED_N if self.n is None else self.n,
-                           SEED_P if self.p is None else self.p)
+                           SEED_P if self.p is None else self.p, growth_prior=verify_growth())
 
     def draft_vocab(self, model) -> int | None:
         """Logits the draft `model` computes (None: all of them)."""
@@ -144,7 +149,7 @@ class DraftOptions:
             return "none"
         pol = self.length_policy()
         how = {"FixedLength": f"fixed {pol.n_max}", "Threshold": f"up to {pol.n_max}, p >= {pol.p_min:g}",
-               "AdaptiveLength": f"adaptive 1..{pol.n_max}"}.get(type(pol).__name__, type(pol).__name__)
+               "AdaptiveLength": f"adaptive {0 if pol.stop_after else pol.n_min}..{pol.n_max}"}.get(type(pol).__name__, type(pol).__name__)
         vocab = self.draft_vocab(self.model) if kind in ("model", "hybrid") else None
         return (f"{kind}, {how}" + (f", {self.tree} branches" if self.tree > 1 else "")
                 + (f", draft vocab {vocab}" if vocab else "")

@@ -408,6 +408,35 @@ def test_adaptive_length_fits_verify_growth_when_n_varies():
     assert est["c"] == pytest.approx(0.5, rel=0.05) and est["alpha"] > 0.99
 
 
+def test_adaptive_length_stops_a_source_that_cannot_pay():
+    """stop_after: once a key has that many verified positions, n = 0 when no length pays
+    (here alpha 0.5 at a draft cost of 0.4 and a growth of 0.35 per row), and it stays 0;
+    a source that pays keeps drafting; without stop_after n never goes below n_min."""
+    rng = np.random.default_rng(1)
+    for stop_after, want in ((24, 0), (None, 1)):
+        pol = AdaptiveLength(n_max=8, growth_prior=0.35, stop_after=stop_after)
+        feed(pol, "model", 0.5, 0.4, 0.35, 40, rng)
+        assert pol.next_n() == want
+    pol = AdaptiveLength(n_max=8, growth_prior=0.35, stop_after=24)
+    feed(pol, "model", 0.95, 0.2, 0.35, 40, rng)
+    assert pol.next_n() >= 2
+    feed(pol, "prompt-lookup", 0.2, 0.0, 0.35, 40, rng)
+    assert pol.next_n() == 0
+    pol.prepare("model")
+    assert pol.next_n() >= 2                                      # per key
+    with pytest.raises(ConfigError):
+        AdaptiveLength(stop_after=0)
+
+
+def test_defaults_take_this_hosts_verify_growth():
+    from specdec.kernels.cpu import VERIFY_GROWTH, verify_growth
+    from specdec.request import AUTO_STOP_AFTER, DraftOptions
+    pol = DraftOptions(kind="prompt-lookup").length_policy()
+    assert pol.growth_prior == verify_growth() in VERIFY_GROWTH.values()
+    assert pol.stop_after == AUTO_STOP_AFTER and pol.n_min == 1
+    assert make_policy("adaptive", 8).stop_after is None
+
+
 def test_policy_construction_and_errors():
     assert isinstance(make_policy("fixed", 3), FixedLength) and make_policy("fixed", 3).p_min == 0
     t = make_policy("threshold", 6, 0.7)

@@ -178,15 +178,21 @@ class AdaptiveLength(DraftPolicy):
 
     alpha_prior / alpha_decay: starting acceptance and its EMA weight per verified position;
     cost_decay: EMA weight per step of the costs; growth_prior: assumed verify growth per
-    extra row (fraction of a single-row pass) until measured; n_init: n before any cost is
-    known."""
+    extra row (fraction of a single-row pass) until measured (kernels.cpu.verify_growth()
+    gives this host's); n_init: n before any cost is known; stop_after: once a key has this
+    many verified positions, n = 0 (no draft: a plain step) is allowed for it when no n
+    pays, and then stays for that key (None: never below n_min)."""
 
     def __init__(self, n_max: int = DRAFT_N_MAX, n_min: int = 1, n_init: int = 4,
                  alpha_prior: float = 0.6, alpha_decay: float = 0.05, cost_decay: float = 0.1,
-                 growth_prior: float = 0.05, prior_weight: float = 0.5):
+                 growth_prior: float = 0.05, prior_weight: float = 0.5,
+                 stop_after: int | None = None):
         check_draft_n(n_max)
         if not 0 <= n_min <= n_max:
             raise ConfigError(f"adaptive draft length: need 0 <= n_min <= n_max, got {n_min}, {n_max}")
+        if stop_after is not None and stop_after < 1:
+            raise ConfigError(f"adaptive draft length: stop_after must be >= 1, got {stop_after}")
+        self.stop_after = stop_after
         for name, v in (("alpha_prior", alpha_prior), ("alpha_decay", alpha_decay),
                         ("cost_decay", cost_decay)):
             if not 0.0 <= v <= 1.0:
@@ -222,7 +228,8 @@ class AdaptiveLength(DraftPolicy):
             return self.n_init
         k = 2.0                                            # pseudo-counts of the pooled alpha
         alphas = [(e.accepted[i] + k * e.alpha) / (e.reached[i] + k) for i in range(self.n_max)]
-        return best_n_by_position(alphas, e.draft_s, line[0], line[1], self.n_min, self.n_max)
+        n_min = 0 if self.stop_after is not None and e.n_verified >= self.stop_after else self.n_min
+        return best_n_by_position(alphas, e.draft_s, line[0], line[1], n_min, self.n_max)
 
     def _any_line(self) -> tuple[float, float] | None:
         """The verify line of the key with the most steps (verification cost is the target's,
@@ -270,9 +277,11 @@ class AdaptiveLength(DraftPolicy):
         return out
 
 
-def make_policy(policy: "str | DraftPolicy", draft_n: int = 5, draft_p: float = 0.9) -> DraftPolicy:
+def make_policy(policy: "str | DraftPolicy", draft_n: int = 5, draft_p: float = 0.9,
+                **adaptive) -> DraftPolicy:
     """A policy object from a name: 'fixed' (draft_n), 'threshold' (draft_n, draft_p) or
-    'adaptive' (n in 1..draft_n); a policy object is returned unchanged."""
+    'adaptive' (n in 1..draft_n; `adaptive`: more AdaptiveLength settings, e.g.
+    growth_prior, stop_after); a policy object is returned unchanged."""
     if isinstance(policy, DraftPolicy):
         check_draft_n(policy.n_max)
         return policy
@@ -281,6 +290,6 @@ def make_policy(policy: "str | DraftPolicy", draft_n: int = 5, draft_p: float = 
     if policy == "threshold":
         return Threshold(draft_n, draft_p)
     if policy == "adaptive":
-        return AdaptiveLength(n_max=draft_n, n_init=min(4, draft_n))
+        return AdaptiveLength(n_max=draft_n, n_init=min(4, draft_n), **adaptive)
     raise ConfigError(f"--draft-policy must be one of {', '.join(POLICY_NAMES)} or a DraftPolicy, "
                       f"got {policy!r}")
