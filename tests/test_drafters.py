@@ -388,12 +388,14 @@ def test_adaptive_length_learns_alpha_costs_and_sources():
     assert pol.next_n() == 4                                      # n_init before any data
     feed(pol, "model", 0.3, 0.4, 0.05, 200, rng)
     assert pol.next_n() == 1
-    feed(pol, "prompt-lookup", 0.97, 0.0, 0.02, 200, rng)
+    feed(pol, "prompt-lookup", 0.97, 0.0, 0.05, 200, rng)
     assert pol.next_n() == 16                                     # the last source drove it
     est = pol.estimates()
     assert est["model"]["alpha"] < 0.5 < 0.9 < est["prompt-lookup"]["alpha"]
     assert est["model"]["c"] == pytest.approx(0.4, rel=0.1)
-    assert 0.02 <= est["prompt-lookup"]["growth"] <= pol.growth_prior     # n hardly varied: prior
+    # one verify line for every source (the pass is the target's); n = 16 throughout the
+    # recent steps: the prior slope
+    assert est["prompt-lookup"]["growth"] == est["model"]["growth"] == pytest.approx(pol.growth_prior, rel=0.1)
     pol.reset()
     assert pol.next_n() == 4 and pol.estimates() == {}
 
@@ -435,6 +437,18 @@ def test_defaults_take_this_hosts_verify_growth():
     assert pol.growth_prior == verify_growth() in VERIFY_GROWTH.values()
     assert pol.stop_after == AUTO_STOP_AFTER and pol.n_min == 1
     assert make_policy("adaptive", 8).stop_after is None
+
+
+def test_adaptive_length_pools_the_verify_line_over_sources():
+    """Model steps of n = 1 and lookup steps of n = 8, each source alone with no spread in
+    n: pooled, their passes fit the true growth (0.35 here) against a prior of 0.05."""
+    pol = AdaptiveLength(n_max=8)
+    for i in range(60):
+        src, n = ("model", 1) if i % 2 else ("prompt-lookup", 8)
+        pol.observe(StepFeedback(src, n, n, n, n, 0.1 * n if src == "model" else 0.0,
+                                 0.04 * (1.0 + 0.35 * n)))
+    est = pol.estimates()
+    assert est["model"]["growth"] == est["prompt-lookup"]["growth"] == pytest.approx(0.35, rel=0.15)
 
 
 def test_policy_construction_and_errors():

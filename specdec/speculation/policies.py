@@ -21,8 +21,9 @@ per-position acceptance alpha (i.i.d. model), a step that drafts n tokens emits 
 
 tokens and costs T(n) = n * d + v(n) seconds: d the draft time per drafted token, v(n) the
 verify pass over n + 1 rows.  v is not flat on a CPU: it is fitted online as v(n) = a + b*n
-by exponentially weighted least squares, pulled towards a prior slope b = growth_prior * a
-while the observed n do not spread enough to fit it.  The policy picks n in n_min..n_max
+by exponentially weighted least squares over every step, whoever drafted (the pass is the
+target's: a lookup step's long drafts and a model step's short ones spread n), pulled
+towards a prior slope b = growth_prior * a while the observed n do not spread enough.  The policy picks n in n_min..n_max
 maximising E(n) / T(n).  alpha is an exponential moving average over verified positions
 (each an accept / reject outcome), d one over steps that drafted.  In the paper's units,
 c = d / a is the cost coefficient and b / a the verify cost growth per extra row
@@ -34,11 +35,11 @@ E(n) = 1 + sum_{j<=n} prod_{i<=j} alpha_i, each alpha_i counted (with decay) fro
 outcomes at position i and shrunk towards the pooled alpha where positions were rarely
 reached; with equal alpha_i this is the formula above.
 
-Estimates are kept per key: the drafter's `key(context)` when it has one (prompt lookup
-names the length of the n-gram it matched: long matches copy long runs), else its Draft.source.
-The loop tells the policy the key of the coming step with `prepare(key)` before `next_n()`;
-without it, the next step is assumed to be of the same key as the last one.  A key not seen
-yet borrows the verify line of the others.
+Acceptance and draft cost are kept per key: the drafter's `key(context)` when it has one
+(prompt lookup names the length of the n-gram it matched: long matches copy long runs), else
+its Draft.source.  The loop tells the policy the key of the coming step with `prepare(key)`
+before `next_n()`; without it, the next step is assumed to be of the same key as the last
+one.
 """
 from __future__ import annotations
 
@@ -144,8 +145,9 @@ def best_n_by_position(alphas: list[float], draft_s: float, verify_a: float, ver
 
 @dataclass
 class _Estimates:
-    """Online estimates for one draft source: the mutable state of AdaptiveLength (not frozen
-    on purpose; never leaves the policy, `estimates()` returns plain copies)."""
+    """Online estimates for one draft source (acceptance, draft cost), or for all steps
+    (the verify line, AdaptiveLength._verify): the mutable state of AdaptiveLength (not
+    frozen on purpose; never leaves the policy, `estimates()` returns plain copies)."""
     alpha: float
     draft_s: float | None = None           # seconds per drafted token
     w: float = 0.0                         # exponentially weighted sums for v(n) = a + b*n
@@ -205,6 +207,7 @@ class AdaptiveLength(DraftPolicy):
 
     def reset(self) -> None:
         self._est: dict[str, _Estimates] = {}
+        self._verify = _Estimates(alpha=0.0)               # the verify line, over all keys
         self._last_key: str | None = None
         self._next_key: str | None = None
         self.history: list[int] = []                       # n returned by each next_n
@@ -223,7 +226,162 @@ class AdaptiveLength(DraftPolicy):
         e = self._est.get(key) if key is not None else None
         if e is None or e.draft_s is None:
             return self.n_init
-        line = e.verify_line(self.growth_prior, self.prior_weight) or self._any_line()
+        line = self._verify.verify_line(self.growth_prior, self.prior_weight)
+        if line is None:
+            return self.n_init
+        k = 2.0                                            # pseudo-counts of the pooled alpha
+        alphas = [(e.accepted[i] + k * e.alpha) / (e.reached[i] + k) for i in range(self.n_max)]
+        n_min = 0 if self.stop_after is not None and e.n_verified >= self.stop_after else self.n_min
+        return best_n_by_position(alphas, e.draft_s, line[0], line[1], n_min, self.n_max)
+
+    def observe(self, fb: StepFeedback) -> None:
+        """What the step just verified saw."""
+
+
+def check_draft_n(draft_n: int) -> None:
+    if int(draft_n) != draft_n or not 1 <= draft_n <= DRAFT_N_MAX:
+        raise ConfigError(f"--draft-n (--draft-max) must be in 1..{DRAFT_N_MAX}, got {draft_n}")
+
+
+def check_draft_p(p_min: float) -> None:
+    if not 0.0 <= p_min <= 1.0:                                      # (NaN fails)
+        raise ConfigError(f"--draft-p (--draft-p-min) must be in [0, 1], got {p_min}")
+
+
+class FixedLength(DraftPolicy):
+    """Draft n tokens every step."""
+
+    def __init__(self, n: int):
+        check_draft_n(n)
+        self.n_max, self.p_min = int(n), 0.0
+
+    def next_n(self) -> int:
+        return self.n_max
+
+
+class Threshold(FixedLength):
+    """Up to n tokens; model drafters stop once their confidence is below p_min."""
+
+    def __init__(self, n: int, p_min: float):
+        super().__init__(n)
+        check_draft_p(p_min)
+        self.p_min = float(p_min)
+
+
+def expected_tokens(alpha: float, n: int) -> float:
+    """E(n) = (1 - alpha^(n+1)) / (1 - alpha): tokens one step emits (Leviathan et al. Eq. 1)."""
+    return n + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (n + 1)) / (1.0 - alpha)
+
+
+def best_n(alpha: float, draft_s: float, verify_a: float, verify_b: float,
+           n_min: int, n_max: int) -> int:
+    """argmax over n in n_min..n_max of E(n) / (n * draft_s + verify_a + verify_b * n);
+    the smallest such n on ties."""
+    return best_n_by_position([alpha] * n_max, draft_s, verify_a, verify_b, n_min, n_max)
+
+
+def best_n_by_position(alphas: list[float], draft_s: float, verify_a: float, verify_b: float,
+                       n_min: int, n_max: int) -> int:
+    """As best_n with an acceptance rate per position: alphas[i-1] = P(accept i | i reached),
+    E(n) = 1 + sum_{j<=n} prod_{i<=j} alphas[i-1]."""
+    best, best_rate = n_min, -1.0
+    e, survive = 1.0, 1.0
+    for n in range(0, n_max + 1):
+        if n > 0:
+            survive *= alphas[n - 1]
+            e += survive
+        if n < n_min:
+            continue
+        rate = e / max(n * draft_s + verify_a + verify_b * n, 1e-12)
+        if rate > best_rate * (1 + 1e-12):
+            best, best_rate = n, rate
+    return best
+
+
+@dataclass
+class _Estimates:
+    """Online estimates for one draft source (acceptance, draft cost), or for all steps
+    (the verify line, AdaptiveLength._verify): the mutable state of AdaptiveLength (not
+    frozen on purpose; never leaves the policy, `estimates()` returns plain copies)."""
+    alpha: float
+    draft_s: float | None = None           # seconds per drafted token
+    w: float = 0.0                         # exponentially weighted sums for v(n) = a + b*n
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    n_verified: int = 0
+    n_steps: int = 0
+    reached: list[float] | None = None     # (n_max,) decayed counts of positions reached
+    accepted: list[float] | None = None    # (n_max,) ... and accepted
+
+    def verify_line(self, growth_prior: float, prior_weight: float) -> tuple[float, float] | None:
+        """(a, b) of v(n) = a + b*n: least squares, with a ridge pull of b towards
+        growth_prior * a; None before any step."""
+        if self.w <= 0.0:
+            return None
+        mx, my = self.sx / self.w, self.sy / self.w
+        var = self.sxx / self.w - mx * mx                 # spread of the observed n
+        cov = self.sxy / self.w - mx * my
+        a0 = max(my / (1.0 + growth_prior * mx), 1e-9)    # intercept if the prior slope held
+        b = (cov + prior_weight * growth_prior * a0) / (var + prior_weight)
+        b = max(b, 0.0)
+        a = max(my - b * mx, 1e-9)
+        return a, b
+
+
+class AdaptiveLength(DraftPolicy):
+    """n maximising expected tokens per second (module docstring); n in n_min..n_max.
+
+    alpha_prior / alpha_decay: starting acceptance and its EMA weight per verified position;
+    cost_decay: EMA weight per step of the costs; growth_prior: assumed verify growth per
+    extra row (fraction of a single-row pass) until measured (kernels.cpu.verify_growth()
+    gives this host's); n_init: n before any cost is known; stop_after: once a key has this
+    many verified positions, n = 0 (no draft: a plain step) is allowed for it when no n
+    pays, and then stays for that key (None: never below n_min)."""
+
+    def __init__(self, n_max: int = DRAFT_N_MAX, n_min: int = 1, n_init: int = 4,
+                 alpha_prior: float = 0.6, alpha_decay: float = 0.05, cost_decay: float = 0.1,
+                 growth_prior: float = 0.05, prior_weight: float = 0.5,
+                 stop_after: int | None = None):
+        check_draft_n(n_max)
+        if not 0 <= n_min <= n_max:
+            raise ConfigError(f"adaptive draft length: need 0 <= n_min <= n_max, got {n_min}, {n_max}")
+        if stop_after is not None and stop_after < 1:
+            raise ConfigError(f"adaptive draft length: stop_after must be >= 1, got {stop_after}")
+        self.stop_after = stop_after
+        for name, v in (("alpha_prior", alpha_prior), ("alpha_decay", alpha_decay),
+                        ("cost_decay", cost_decay)):
+            if not 0.0 <= v <= 1.0:
+                raise ConfigError(f"adaptive draft length: {name} must be in [0, 1], got {v}")
+        self.n_max, self.n_min, self.p_min = int(n_max), int(n_min), 0.0
+        self.n_init = min(max(int(n_init), self.n_min), self.n_max)
+        self.alpha_prior, self.alpha_decay, self.cost_decay = alpha_prior, alpha_decay, cost_decay
+        self.growth_prior, self.prior_weight = float(growth_prior), float(prior_weight)
+        self.reset()
+
+    def reset(self) -> None:
+        self._est: dict[str, _Estimates] = {}
+        self._verify = _Estimates(alpha=0.0)               # the verify line, over all keys
+        self._last_key: str | None = None
+        self._next_key: str | None = None
+        self.history: list[int] = []                       # n returned by each next_n
+
+    def prepare(self, key: str | None) -> None:
+        """The coming step's drafter key (see the module docstring; None: as the last step's)."""
+        self._next_key = key
+
+    def next_n(self) -> int:
+        n = self._choose()
+        self.history.append(n)
+        return n
+
+    def _choose(self) -> int:
+        key = self._next_key if self._next_key is not None else self._last_key
+        e = self._est.get(key) if key is not None else None
+        if e is None or e.draft_s is None:
+            return self.n_init
+        line = self._verify.verify_line(self.growth_prior, self.prior_weight)
         if line is None:
             return self.n_init
         k = 2.0                                            # pseudo-counts of the pooled alpha
@@ -259,16 +417,17 @@ class AdaptiveLength(DraftPolicy):
             e.draft_s = per if e.draft_s is None else e.draft_s + mu * (per - e.draft_s)
         elif e.draft_s is None and fb.n_asked > 0:
             e.draft_s = fb.draft_s                         # asked, proposed nothing: a cost still
-        keep, x, y = 1.0 - mu, float(fb.n_drafted), float(fb.verify_s)
-        e.w, e.sx, e.sy = keep * e.w + 1.0, keep * e.sx + x, keep * e.sy + y
-        e.sxx, e.sxy = keep * e.sxx + x * x, keep * e.sxy + x * y
+        keep, x, y, v = 1.0 - mu, float(fb.n_drafted), float(fb.verify_s), self._verify
+        v.w, v.sx, v.sy = keep * v.w + 1.0, keep * v.sx + x, keep * v.sy + y
+        v.sxx, v.sxy = keep * v.sxx + x * x, keep * v.sxy + x * y
 
     def estimates(self) -> dict[str, dict[str, float | int | None]]:
         """Per source: alpha, c = d / a (draft cost per token over one verify row), growth =
-        b / a (verify cost per extra row), a (seconds), and the counts behind them."""
+        b / a (verify cost per extra row, the same line for all), a (seconds), and the
+        counts behind them."""
         out = {}
+        line = self._verify.verify_line(self.growth_prior, self.prior_weight)
         for src, e in self._est.items():
-            line = e.verify_line(self.growth_prior, self.prior_weight)
             a, b = line if line else (math.nan, math.nan)
             out[src] = {"alpha": e.alpha, "verify_a_s": a,
                         "c": (e.draft_s / a) if (e.draft_s is not None and line) else None,
