@@ -20,8 +20,8 @@ from .errors import ConfigError, ContextOverflowError
 from .kernels.cpu import verify_growth
 from .generate import plain_steps
 from .interfaces import GenerationResult, OnToken, Session, SpecStats, Steps, Timings, drive
-from .speculation.policies import (POLICY_NAMES, DraftPolicy, FixedLength, check_draft_n, check_draft_p,
-                                   make_policy)
+from .speculation.policies import (POLICY_NAMES, AdaptiveLength, DraftPolicy, FixedLength, Threshold,
+                                   check_draft_n, check_draft_p, make_policy)
 from .sampling import NumpyRandom, SamplerParams
 from .speculation.speculative import check_tree_k, speculative_steps
 from .speculation.trace import TraceSink
@@ -148,8 +148,14 @@ class DraftOptions:
         if not self.enabled:
             return "none"
         pol = self.length_policy()
-        how = {"FixedLength": f"fixed {pol.n_max}", "Threshold": f"up to {pol.n_max}, p >= {pol.p_min:g}",
-               "AdaptiveLength": f"adaptive {0 if pol.stop_after else pol.n_min}..{pol.n_max}"}.get(type(pol).__name__, type(pol).__name__)
+        if isinstance(pol, Threshold):
+            how = f"up to {pol.n_max}, p >= {pol.p_min:g}"
+        elif isinstance(pol, FixedLength):
+            how = f"fixed {pol.n_max}"
+        elif isinstance(pol, AdaptiveLength):
+            how = f"adaptive {0 if pol.stop_after else pol.n_min}..{pol.n_max}"
+        else:
+            how = type(pol).__name__
         vocab = self.draft_vocab(self.model) if kind in ("model", "hybrid") else None
         return (f"{kind}, {how}" + (f", {self.tree} branches" if self.tree > 1 else "")
                 + (f", draft vocab {vocab}" if vocab else "")

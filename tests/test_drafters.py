@@ -428,6 +428,9 @@ def test_adaptive_length_stops_a_source_that_cannot_pay():
     assert pol.next_n() >= 2                                      # per key
     with pytest.raises(ConfigError):
         AdaptiveLength(stop_after=0)
+    with pytest.raises(ConfigError):
+        AdaptiveLength(p_min=1.5)
+    assert AdaptiveLength(p_min=0.7).p_min == 0.7 and AdaptiveLength().p_min == 0.0
 
 
 def test_defaults_take_this_hosts_verify_growth():
@@ -437,6 +440,10 @@ def test_defaults_take_this_hosts_verify_growth():
     assert pol.growth_prior == verify_growth() in VERIFY_GROWTH.values()
     assert pol.stop_after == AUTO_STOP_AFTER and pol.n_min == 1
     assert make_policy("adaptive", 8).stop_after is None
+    lines = [DraftOptions(kind="prompt-lookup", **kw).describe() for kw in
+             ({}, {"n": 5}, {"n": 3, "policy": "fixed"}, {"n": 6, "policy": "adaptive"})]
+    assert lines == ["prompt-lookup, adaptive 0..8 (defaults)", "prompt-lookup, up to 5, p >= 0.9",
+                     "prompt-lookup, fixed 3", "prompt-lookup, adaptive 1..6"]
 
 
 def test_adaptive_length_pools_the_verify_line_over_sources():

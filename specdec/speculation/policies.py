@@ -183,13 +183,15 @@ class AdaptiveLength(DraftPolicy):
     extra row (fraction of a single-row pass) until measured (kernels.cpu.verify_growth()
     gives this host's); n_init: n before any cost is known; stop_after: once a key has this
     many verified positions, n = 0 (no draft: a plain step) is allowed for it when no n
-    pays, and then stays for that key (None: never below n_min)."""
+    pays, and then stays for that key (None: never below n_min); p_min: a model drafter's
+    confidence floor inside each draft, as Threshold's (0: none)."""
 
     def __init__(self, n_max: int = DRAFT_N_MAX, n_min: int = 1, n_init: int = 4,
                  alpha_prior: float = 0.6, alpha_decay: float = 0.05, cost_decay: float = 0.1,
                  growth_prior: float = 0.05, prior_weight: float = 0.5,
-                 stop_after: int | None = None):
+                 stop_after: int | None = None, p_min: float = 0.0):
         check_draft_n(n_max)
+        check_draft_p(p_min)
         if not 0 <= n_min <= n_max:
             raise ConfigError(f"adaptive draft length: need 0 <= n_min <= n_max, got {n_min}, {n_max}")
         if stop_after is not None and stop_after < 1:
@@ -199,7 +201,7 @@ class AdaptiveLength(DraftPolicy):
                         ("cost_decay", cost_decay)):
             if not 0.0 <= v <= 1.0:
                 raise ConfigError(f"adaptive draft length: {name} must be in [0, 1], got {v}")
-        self.n_max, self.n_min, self.p_min = int(n_max), int(n_min), 0.0
+        self.n_max, self.n_min, self.p_min = int(n_max), int(n_min), float(p_min)
         self.n_init = min(max(int(n_init), self.n_min), self.n_max)
         self.alpha_prior, self.alpha_decay, self.cost_decay = alpha_prior, alpha_decay, cost_decay
         self.growth_prior, self.prior_weight = float(growth_prior), float(prior_weight)
@@ -338,13 +340,15 @@ class AdaptiveLength(DraftPolicy):
     extra row (fraction of a single-row pass) until measured (kernels.cpu.verify_growth()
     gives this host's); n_init: n before any cost is known; stop_after: once a key has this
     many verified positions, n = 0 (no draft: a plain step) is allowed for it when no n
-    pays, and then stays for that key (None: never below n_min)."""
+    pays, and then stays for that key (None: never below n_min); p_min: a model drafter's
+    confidence floor inside each draft, as Threshold's (0: none)."""
 
     def __init__(self, n_max: int = DRAFT_N_MAX, n_min: int = 1, n_init: int = 4,
                  alpha_prior: float = 0.6, alpha_decay: float = 0.05, cost_decay: float = 0.1,
                  growth_prior: float = 0.05, prior_weight: float = 0.5,
-                 stop_after: int | None = None):
+                 stop_after: int | None = None, p_min: float = 0.0):
         check_draft_n(n_max)
+        check_draft_p(p_min)
         if not 0 <= n_min <= n_max:
             raise ConfigError(f"adaptive draft length: need 0 <= n_min <= n_max, got {n_min}, {n_max}")
         if stop_after is not None and stop_after < 1:
@@ -354,7 +358,7 @@ class AdaptiveLength(DraftPolicy):
                         ("cost_decay", cost_decay)):
             if not 0.0 <= v <= 1.0:
                 raise ConfigError(f"adaptive draft length: {name} must be in [0, 1], got {v}")
-        self.n_max, self.n_min, self.p_min = int(n_max), int(n_min), 0.0
+        self.n_max, self.n_min, self.p_min = int(n_max), int(n_min), float(p_min)
         self.n_init = min(max(int(n_init), self.n_min), self.n_max)
         self.alpha_prior, self.alpha_decay, self.cost_decay = alpha_prior, alpha_decay, cost_decay
         self.growth_prior, self.prior_weight = float(growth_prior), float(prior_weight)
