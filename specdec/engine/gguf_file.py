@@ -107,6 +107,9 @@ class TensorInfo:
         return tuple(reversed(self.dims))
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Cursor:
     """Sequential little-endian reads over a bytes-like buffer; short reads are GGUFError."""
 
@@ -129,6 +132,25 @@ class _Cursor:
             raise GGUFError(f"{self.path}: corrupt string length {n} at offset {self.pos - 8} "
                             f"(the file has {len(self.buf) - self.pos} bytes left)")
         return bytes(self.take(n)).decode("utf-8", errors="replace")
+
+    def strings(self, n: int) -> list[str]:
+        """n consecutive strings (a string array's elements: a vocabulary's 150k tokens), with
+        string()'s checks and messages in one loop over local names."""
+        buf, pos, size, out = self.buf, self.pos, len(self.buf), []
+        unpack, append = _U64.unpack_from, out.append
+        for _ in range(n):
+            if pos + 8 > size:
+                self.pos = pos
+                raise GGUFError(f"{self.path}: truncated GGUF header (needed 8 bytes at offset {pos})")
+            k = unpack(buf, pos)[0]
+            pos += 8
+            if k > size - pos:
+                raise GGUFError(f"{self.path}: corrupt string length {k} at offset {pos - 8} "
+                                f"(the file has {size - pos} bytes left)")
+            append(str(buf[pos:pos + k], "utf-8", "replace"))
+            pos += k
+        self.pos = pos
+        return out
 
     def value(self, vtype: int, depth: int = 0):
         if vtype == GGUFValueType.STRING:
@@ -157,7 +179,7 @@ class _Cursor:
             raise GGUFError(f"{self.path}: corrupt array length {n} at offset {at + 4} "
                             f"(the file has {len(self.buf) - self.pos} bytes left)")
         if etype == GGUFValueType.STRING:
-            return [self.string() for _ in range(n)]
+            return self.strings(n)
         if etype == GGUFValueType.ARRAY:
             return [self.array(depth + 1) for _ in range(n)]
         dtype = np.dtype(_SCALAR[etype][1])
