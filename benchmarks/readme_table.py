@@ -206,8 +206,9 @@ def build(results: Path, img: str = "docs/img") -> str:
                       f"(cap {dr['settings']['n_predict']} tokens), tok/s (speedup over plain, same run; "
                       f"`benchmarks/drafters.py`){_when(dr, date)}:", ""] + drafters_lines(dr)
     if df:
-        lines += ["", f"**The defaults** (`specdec run -md DRAFT` with no drafting flags, i.e. "
-                      f"`generate(draft=draft_model)`), {df['target']} with {df['draft']}, greedy, "
+        lines += ["", f"**The defaults** (`generate(draft=draft_model)`: `specdec run -md DRAFT` "
+                      f"with no drafting flags, but with the draft as stored; the CLI also "
+                      f"requantizes its layers to Q4_0), {df['target']} with {df['draft']}, greedy, "
                       f"prompt + {df['n_predict']} tokens timed from the call (prefill included), "
                       f"against llama.cpp's flags `--draft-n 5 --draft-p 0.9` "
                       f"(`benchmarks/defaults.py`){_when(df, date)}:", ""] + defaults_lines(df)

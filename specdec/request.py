@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 AUTO_N_MAX = 8          # the default draft length bound: AdaptiveLength picks 1..8 per step
 AUTO_VOCAB = 32768      # the default draft head: ids below this, when the vocabulary is > 2x larger
+AUTO_DRAFT_QUANT = "q4_0"   # the CLI's defaults load the draft's layers requantized (cli._quant)
 AUTO_STOP_AFTER = 24    # the defaults stop drafting from a source once this many positions show it cannot pay
 SEED_N, SEED_P = 5, 0.9  # --draft-n / --draft-p when only the other one (or --draft-policy) is given
 

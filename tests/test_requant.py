@@ -176,6 +176,21 @@ def test_cli_runs_with_a_requantized_draft(tmp_path):
     assert spec.stdout == plain.stdout
 
 
+@pytest.mark.parametrize("flags,want", [
+    (["-md", "d"], ("q4_0", None)),                                  # the defaults: a cheaper draft
+    (["-md", "d", "--draft-quant", "none"], (None, None)),           # as stored
+    (["-md", "d", "--draft-n", "5"], (None, None)),                  # llama.cpp's meaning
+    (["-md", "d", "--draft-policy", "adaptive"], (None, None)),
+    (["-md", "d", "--draft-quant-head", "q4_0"], (None, "q4_0")),
+    (["-md", "d", "--draft-quant", "q5_0"], ("q5_0", None)),
+    ([], (None, None)),
+])
+def test_the_defaults_requantize_the_draft_layers(flags, want):
+    from specdec.frontends.cli import _quant, build_parser
+    a = build_parser().parse_args(["run", "-m", "t", *flags])
+    assert _quant(a, "draft") == want and _quant(a, "target") == (None, None)
+
+
 @pytest.mark.parametrize("n_logits", [1, 30, 32, 61, 64])
 def test_trimmed_head_of_records_is_the_first_logits(pair, n_logits):
     """A head in 8-row records (a requantized head, or any --no-mmap legacy head) cut at any

@@ -104,7 +104,9 @@ def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
                         "vocabularies over 65536 ids, else all)")
     g.add_argument("--draft-quant", default=None, metavar="TYPE",
                    help="requantize the draft model's layer matmuls at load into TYPE (q4_0, q5_0, "
-                        "q8_0) where it is narrower than stored: a cheaper draft, same output law")
+                        "q8_0) where it is narrower than stored: a cheaper draft, same output law "
+                        "(default: q4_0 when no --draft-n / --draft-p / --draft-policy is given; "
+                        "none: as stored)")
     g.add_argument("--draft-quant-head", default=None, metavar="TYPE",
                    help="requantize the draft model's output head at load into TYPE (as --draft-quant)")
     g.add_argument("--quant", default=None, metavar="TYPE",
@@ -309,9 +311,15 @@ def _quant(a, role: str) -> tuple[str | None, str | None]:
     """The (layers, head) requantization types of the target (--quant, --quant-head) or the
     draft model (--draft-quant, --draft-quant-head), checked (ConfigError naming the flag)."""
     from ..engine.requant import Requant
+    from ..request import AUTO_DRAFT_QUANT
     pre = "draft_" if role == "draft" else ""
     layers, head = getattr(a, pre + "quant", None), getattr(a, pre + "quant_head", None)
     flag = "--draft-quant" if role == "draft" else "--quant"
+    if role == "draft" and layers == "none":             # explicitly as stored
+        layers = None
+    elif (role == "draft" and layers is None and head is None and getattr(a, "draft_model", None)
+          and all(getattr(a, k, None) is None for k in ("draft_n", "draft_p", "draft_policy"))):
+        layers = AUTO_DRAFT_QUANT                        # the defaults' cheaper draft
     Requant.of(layers, head, flags=(flag, flag + "-head"))
     if role == "draft" and (layers or head) and not getattr(a, "draft_model", None):
         raise ConfigError(f"{flag if layers else flag + '-head'} needs a draft model (-md)")
@@ -323,7 +331,8 @@ def _load(name: str, n_ctx: int, activations: str = "auto", mmap: bool | None = 
     """Load a model (quant: its (layers, head) requantization types, see _quant)."""
     from ..api import load
     t0 = time.perf_counter()
-    _progress(f"specdec: loading {name} ...")
+    _progress(f"specdec: loading {name}" + (f" (layers requantized to {quant[0]})" if quant[0] else "")
+              + (f" (head requantized to {quant[1]})" if quant[1] else "") + " ...")
     m = load(name, n_ctx=n_ctx or None, activations=activations, mmap=mmap,
              requant=quant[0], requant_head=quant[1])
     _progress(f"specdec: loaded {m.name} ({m.config.arch}, {m.config.n_layer} layers) in "
