@@ -103,7 +103,7 @@ class Weights:
             b = opt_vec(name.replace(".weight", ".bias"), n_out) if bias else None
             w, qtype = gf.tensor(name), t.ggml_type
             dst = None if requant is None or (table and not head) else requant.target_for(name)
-            if narrows(qtype, dst):
+            if narrows(qtype, dst) and n_in % 32 == 0:     # (Q4_0 / Q5_0 / Q8_0 blocks of 32)
                 # a new array in process memory: repacked below like an in-memory file's
                 w, qtype = convert(w, qtype, dst, n_in), dst
                 if not exact and repack.can_repack(qtype, n_out):
