@@ -230,3 +230,24 @@ def test_greedy_drafts_are_capped_under_load(models):
         sch.close()
     assert [r.ids for r in results] == [solo(target, j) for j in jobs]
     assert sch.metrics.capped_steps > 0
+
+
+def test_a_scheduler_made_with_start_false_steps_in_the_thread_that_runs_it(models):
+    """specdec serve steps the model in its main thread (one OpenMP team: Scheduler's
+    docstring): with start=False no thread of its own is made, run() does the stepping and
+    returns after close()."""
+    import threading
+    target, _ = models
+    sch = Scheduler(target, n_parallel=2, n_ctx=64, start=False)
+    assert sch._thread is None
+    seen = set()
+    runner = threading.Thread(target=sch.run)
+    runner.start()
+    try:
+        j = Job(prompt(1, 6), 3, GREEDY, ignore_eos=True,
+                on_event=lambda k, v: seen.add(threading.get_ident()))
+        assert sch.submit(j).wait(TIMEOUT).ids == solo(target, j)
+    finally:
+        sch.close()
+    runner.join(TIMEOUT)
+    assert not runner.is_alive() and seen == {runner.ident}

@@ -417,9 +417,16 @@ class _Shape:
                 "choices": [choice], "usage": _usage(r), "timings": timings(r)}
 
 
-def run_server(app: FastAPI, host: str, port: int, log=print) -> int:
+def run_server(app: FastAPI, host: str, port: int, log=print, scheduler: Scheduler | None = None) -> int:
     """Serve until Ctrl-C / SIGTERM, then drain (uvicorn waits for open requests, the app's
-    shutdown for the scheduler) and return 0."""
+    shutdown for the scheduler) and return 0.
+
+    scheduler: one made with start=False, stepped here in the calling (main) thread while
+    uvicorn serves from a thread of its own (Scheduler's docstring says why); the signals
+    are caught here and handed to uvicorn."""
+    import signal
+    import threading
+
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -434,5 +441,22 @@ def run_server(app: FastAPI, host: str, port: int, log=print) -> int:
 
     server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                     timeout_graceful_shutdown=30))
-    server.run()
+    if scheduler is None:
+        server.run()
+        return 0 if server.started else 1
+    http = threading.Thread(target=server.run, name="specdec-http", daemon=True)
+
+    def watch():                    # uvicorn gone (drained, or it never started): stop stepping
+        http.join()
+        scheduler.close()
+
+    old = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        http.start()
+        threading.Thread(target=watch, name="specdec-http-watch", daemon=True).start()
+        scheduler.run()
+        http.join(timeout=60)
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
     return 0 if server.started else 1

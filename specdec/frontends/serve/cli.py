@@ -43,7 +43,7 @@ def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
         raise ConfigError(f"--draft {options.kind} needs a draft model (-md)")
     scheduler = Scheduler(target, n_parallel=a.parallel, n_ctx=a.ctx_size or None, draft=options,
                           caps=caps, max_queue=a.queue_size, prefill_chunk=a.prefill_chunk,
-                          threads=a.threads)
+                          threads=a.threads, start=False)       # stepped by run_server
     ids = [a.alias] if a.alias else []
     for name in (a.model, os.path.basename(target.path), os.path.splitext(target.name)[0]):
         if name not in ids:
@@ -53,4 +53,4 @@ def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
     log(f"specdec: {a.parallel} slots of {scheduler.n_ctx} tokens, drafting: "
         f"{options.describe()}"
         + f"; greedy draft caps by batch size: model {caps.table}, prompt lookup {caps.lookup}")
-    return run_server(create_app(scheduler, config), a.host, a.port, log=log)
+    return run_server(create_app(scheduler, config), a.host, a.port, log=log, scheduler=scheduler)

@@ -290,12 +290,21 @@ def run_evals(evals: Sequence[Eval]) -> list:
 class Scheduler:
     """Up to n_parallel requests at once over `model` (a specdec Model), each in a slot with
     its own target session of n_ctx rows, allocated once; up to max_queue more wait.
-    `draft`: the server's default DraftOptions (a request may replace it)."""
+    `draft`: the server's default DraftOptions (a request may replace it).
+
+    start: step the model in a background thread of its own (in process use, the tests);
+    False: the caller runs `run()` in the thread that should do it.  `specdec serve` steps in
+    the main thread, the one that loaded and warmed the model: numba's OpenMP layer gives each
+    calling thread its own team of workers, and once two teams exist (more workers than cores)
+    libgomp cuts the workers' spin-wait short, so every one of a step's ~300 parallel regions
+    starts with a futex wake-up (Qwen-1.5B decode on 2 cores: 42.6 ms per token from the
+    loading thread, 59-71 from a second one)."""
 
     def __init__(self, model, *, n_parallel: int = 4, n_ctx: int | None = None,
                  draft: DraftOptions = DraftOptions(), caps: DraftCaps | None = None,
                  max_queue: int = 64, metrics: Metrics | None = None,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, threads: int = 0):
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, threads: int = 0,
+                 start: bool = True):
         if n_parallel < 1:
             raise ConfigError(f"--parallel must be >= 1, got {n_parallel}")
         if max_queue < 0:
@@ -316,8 +325,10 @@ class Scheduler:
         self._next_id = 0
         self._closing = False
         self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if start:
+            self._thread = threading.Thread(target=self.run, name="specdec-scheduler", daemon=True)
+            self._thread.start()
 
     # -- the HTTP side ---------------------------------------------------------------------
     def submit(self, job: Job) -> Job:
@@ -358,10 +369,13 @@ class Scheduler:
                 j.cancel()
             self._stopped = True
             self._cv.notify()
-        self._thread.join(timeout=10)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
 
     # -- the scheduler thread --------------------------------------------------------------
-    def _loop(self) -> None:
+    def run(self) -> None:
+        """Admit and step requests until close(): the scheduler's loop, in the calling thread
+        (start=False) or in its own (start=True)."""
         if self.threads:                    # numba's thread count is per calling thread
             import numba
             numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
