@@ -1,5 +1,6 @@
 """Do the defaults pay?  Greedy speculative generation on the Qwen pair with no drafting
-flags at all (`generate(draft=draft_model)`, i.e. `specdec run -md DRAFT`) against the target
+flags at all (`specdec run -md DRAFT`: `generate(draft=draft_model)` with the draft loaded as
+the CLI loads it then, its layers requantized to Q4_0, --draft-quant) against the target
 alone, and against llama.cpp's flags given explicitly (--draft-n 5 --draft-p 0.9), prompt by
 prompt in one process.
 
@@ -19,14 +20,15 @@ import argparse
 from pathlib import Path
 
 import specdec
+from specdec.request import AUTO_DRAFT_QUANT
 from common import QWEN_DRAFT, QWEN_TARGET, load_prompts, machine_info, timed_configs, warm_up, write_json
 
 README_PROMPTS = ("Write a quicksort in Python.",
                   "Write a Python function that checks whether a number is prime.")
-CONFIGS = {
+CONFIGS = {                     # DRAFT: the draft as `specdec run -md` loads it for that config
     "plain": {},
-    "defaults": {"draft": "DRAFT"},
-    "llama.cpp flags": {"draft": "DRAFT", "draft_n": 5, "draft_p": 0.9},
+    "defaults": {"draft": "DRAFT"},                  # layers requantized (--draft-quant's default)
+    "llama.cpp flags": {"draft": "DRAFT", "draft_n": 5, "draft_p": 0.9},   # as stored
 }
 
 
@@ -54,19 +56,25 @@ def main(argv=None) -> None:
     ap.add_argument("--n-predict", type=int, default=160)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--mmap", action="store_true", help="map both files (default: specdec's default load)")
+    ap.add_argument("--draft-quant", default=AUTO_DRAFT_QUANT,
+                    help=f"the defaults' draft layers requantized at load, as `specdec run -md` does "
+                         f"with no length flag (default {AUTO_DRAFT_QUANT}; none: as stored)")
     ap.add_argument("--out", default="bench-results")
     a = ap.parse_args(argv)
     mmap = True if a.mmap else None
     target = specdec.load(QWEN_TARGET, n_ctx=2048, mmap=mmap)
-    draft = specdec.load(QWEN_DRAFT, n_ctx=2048, mmap=mmap)
-    warm_s = warm_up(target, draft)
-    draft.session(32, n_logits=32768).eval([1, 2, 3])        # the trimmed-head draft path
+    draft = specdec.load(QWEN_DRAFT, n_ctx=2048, mmap=mmap)                  # as stored
+    quant = None if a.draft_quant == "none" else a.draft_quant
+    auto_draft = specdec.load(QWEN_DRAFT, n_ctx=2048, mmap=mmap, requant=quant) if quant else draft
+    warm_s = warm_up(target, draft) + (warm_up(auto_draft) if quant else 0.0)
+    for d in {id(draft): draft, id(auto_draft): auto_draft}.values():
+        d.session(32, n_logits=32768).eval([1, 2, 3])         # the trimmed-head draft path
     rows = prompts(target, a.sets, a.prompts)
     runs = []
     for r in rows:
         ids = target.tokenize(r["prompt"])
-        kws = {name: {k: (draft if v == "DRAFT" else v) for k, v in CONFIGS[name].items()}
-               for name in a.configs}
+        kws = {name: {k: ((auto_draft if name == "defaults" else draft) if v == "DRAFT" else v)
+                      for k, v in CONFIGS[name].items()} for name in a.configs}
         row = {"id": r["id"], "kind": r["kind"], "n_prompt": len(ids),
                "configs": timed_configs(target, ids, a.n_predict, kws)}
         print(f"{r['id']:24s} " + "  ".join(
@@ -89,7 +97,7 @@ def main(argv=None) -> None:
         for c in r["configs"].values():
             c.pop("ids")
     result = {"machine": machine_info(), "target": QWEN_TARGET, "draft": QWEN_DRAFT,
-              "n_predict": a.n_predict, "warm_up_s": round(warm_s, 2),
+              "defaults_draft_quant": quant, "n_predict": a.n_predict, "warm_up_s": round(warm_s, 2),
               "load": "mapped" if a.mmap else ("in memory" if target.gguf.in_memory else "mapped"),
               "configs": {k: {kk: ("draft model" if vv == "DRAFT" else vv) for kk, vv in v.items()}
                           for k, v in CONFIGS.items() if k in a.configs},
