@@ -92,7 +92,8 @@ class Model:
                  suffix_store: "SuffixStore | None" = None,
                  ignore_eos: bool = False, n_ctx: int | None = None,
                  on_token: Callable[[int, str], None] | None = None,
-                 trace: TraceSink | None = None) -> Completion:
+                 trace: TraceSink | None = None,
+                 prediction: str | Sequence[int] | None = None) -> Completion:
         """Generate up to n_predict tokens after `prompt` (text with special tokens parsed and
         BOS as the metadata says, or a list of ids).  With `draft=` the tokens come from
         speculative decoding, with exactly the target's output law (greedy: the same ids).
@@ -119,7 +120,12 @@ class Model:
         draft_p / draft_policy mean llama.cpp's --draft-max / --draft-p-min (threshold, 5, 0.9).
         draft_retokenize: the draft model drafts through text (greedy drafts, re-encoded into
         this model's ids; drafters.RetokenizingDrafter): how a draft of another vocabulary
-        drafts at all, and still exactly the target's output law."""
+        drafts at all, and still exactly the target's output law.
+        prediction: what the answer is expected to be (text, or ids) — the file an edit
+        starts from, OpenAI's predicted outputs: drafted first wherever the output follows
+        it (drafters.PredictionDrafter; accepted tokens reach on_token as 'predicted'), the
+        other drafting elsewhere; with no draft= at all, the prediction alone.  The output
+        law is unchanged (greedy: the same ids, whatever the prediction says)."""
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         options = DraftOptions.of(draft, draft_model, n=draft_n, p=draft_p, policy=draft_policy,
                                   lookup_ngram_min=lookup_ngram_min,
@@ -129,6 +135,7 @@ class Model:
                                   suffix_store=suffix_store)
         params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         runner = Runner(self, params, options, seed=seed, ignore_eos=ignore_eos, n_ctx=n_ctx)
+        runner.predict(prediction)
         res = runner.run(prompt_ids, n_predict, on_token=on_token, trace=trace)
         runner.remember(prompt_ids, res.ids)
         return runner.completion(prompt_ids, res)

@@ -14,14 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .speculation.drafters import (DRAFTER_NAMES, Drafter, SuffixStore, check_lookup_options,
-                                   make_drafter)
+from .speculation.drafters import (DRAFTER_NAMES, Drafter, PredictionDrafter, SuffixStore,
+                                   check_lookup_options, make_drafter)
 from .errors import ConfigError, ContextOverflowError
 from .kernels.cpu import verify_growth
 from .generate import plain_steps
 from .interfaces import GenerationResult, OnToken, Session, SpecStats, Steps, Timings, drive
-from .speculation.policies import (POLICY_NAMES, AdaptiveLength, DraftPolicy, FixedLength, Threshold,
-                                   check_draft_n, check_draft_p, make_policy)
+from .speculation.policies import (DRAFT_N_MAX, POLICY_NAMES, AdaptiveLength, DraftPolicy, FixedLength,
+                                   Threshold, check_draft_n, check_draft_p, make_policy)
 from .sampling import NumpyRandom, SamplerParams
 from .speculation.speculative import check_tree_k, speculative_steps
 from .speculation.trace import TraceSink
@@ -217,10 +217,32 @@ class Runner:
         self.n_ctx = int(n_ctx or model.n_ctx)
         self.target = session if session is not None else model.session(self.n_ctx)
         self.drafter, self.policy = draft.build(model, params, self.n_ctx)
+        self.options, self._base = draft, (self.drafter, self.policy)
         self.tree_k = draft.tree
         self.store = draft.suffix_store if draft.suffix_store is not None else getattr(self.drafter, "store", None)
         if self.store is not None:
             self.store.bind(int(model.config.n_vocab))
+
+    def predict(self, prediction: "str | Sequence[int] | None") -> None:
+        """The requests that follow draft from this prediction of their answer first (the
+        user's own draft, OpenAI's `prediction`; text in the target's tokens, or ids), the
+        options' drafting where it has nothing to offer (drafters.PredictionDrafter); None:
+        back to the options' drafting alone.  With no length setting (or no other drafting)
+        the length is adaptive in 0..DRAFT_N_MAX: predictions hold for long runs."""
+        self.drafter, self.policy = self._base
+        if prediction is None:
+            return
+        ids = (self.model.tokenizer.encode(prediction, special=False, bos=False, eos=False, continued=True)
+               if isinstance(prediction, str) else [int(t) for t in prediction])
+        n_vocab = int(self.model.config.n_vocab)
+        if any(not 0 <= t < n_vocab for t in ids):
+            raise ConfigError(f"prediction: token ids must be in 0..{n_vocab - 1}")
+        self.drafter = PredictionDrafter(ids, n_vocab, fallback=self.drafter)
+        if self.tree_k > 1:
+            self.policy = self.policy or make_policy("threshold", SEED_N, SEED_P)
+        elif self.policy is None or self.options.auto:
+            self.policy = make_policy("adaptive", DRAFT_N_MAX, growth_prior=verify_growth(),
+                                      stop_after=AUTO_STOP_AFTER)
 
     def remember(self, prompt_ids: Sequence[int], ids: Sequence[int], key=None) -> None:
         """A finished request's prompt and answer go into the suffix store, if there is one

@@ -117,6 +117,49 @@ def test_seeded_sampled_identical_alone_and_under_load(server):
             f.result(60)
 
 
+def test_predicted_outputs_same_tokens_and_usage(server):
+    """OpenAI's `prediction`: the same greedy text with a right, a partial or a wrong one,
+    alone and under load, streamed and not; usage counts its accepted / rejected tokens."""
+    prompt = "abcabcabcdd"
+    plain, j0 = complete(server, prompt, 24, draft="none")
+    assert j0["usage"]["completion_tokens_details"] == {"accepted_prediction_tokens": 0,
+                                                        "rejected_prediction_tokens": 0}
+    for draft in ("none", "model", "prompt-lookup"):
+        for pred in (plain, {"type": "content", "content": plain},
+                     {"type": "content", "content": [{"type": "text", "text": plain[:5]},
+                                                     {"type": "text", "text": plain[5:]}]}):
+            text, j = complete(server, prompt, 24, draft=draft, prediction=pred)
+            d = j["usage"]["completion_tokens_details"]
+            assert text == plain and d["accepted_prediction_tokens"] > 10, (draft, pred)
+            assert j["timings"]["draft_n"] >= d["accepted_prediction_tokens"] + d["rejected_prediction_tokens"]
+    text, j = complete(server, prompt, 24, prediction={"type": "content", "content": "zq" * 20})
+    assert text == plain
+    with ThreadPoolExecutor(4) as ex:                       # under load: draft caps, same text
+        futs = [ex.submit(complete, server, "xyzxyz" * (1 + i), 8 + 4 * i, draft="model") for i in range(3)]
+        me = ex.submit(complete, server, prompt, 24, prediction=plain[3:])
+        assert me.result(60)[0] == plain
+        for f in futs:
+            f.result(60)
+    chunks = list(server.client.chat.completions.create(
+        model=server.client.models.list().data[0].id, messages=[{"role": "user", "content": "ab"}],
+        max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True},
+        prediction={"type": "content", "content": "abcabc"}, extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 8
+    assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens is not None
+
+
+@pytest.mark.parametrize("pred", [5, {"type": "text", "content": "x"}, {"type": "content"},
+                                  {"type": "content", "content": 7}, [1, 2],
+                                  {"type": "content", "content": "x", "extra": 1}])
+def test_bad_predictions_are_a_400(server, pred):
+    for route, body in (("/v1/completions", {"prompt": "ab"}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ab"}]})):
+        r = server.post(route, {**body, "max_tokens": 2, "prediction": pred})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"].startswith("prediction") and "Traceback" not in r.text
+
+
 def test_stop_strings_are_trimmed(server):
     text, _ = complete(server, "abcdabcd", 20)
     stop = text[4:6]

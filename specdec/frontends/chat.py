@@ -94,9 +94,11 @@ class Conversation:
 
     def say(self, text: str, n_predict: int = 128, *,
             on_token: Callable[[int, str], None] | None = None,
-            trace: "TraceSink | None" = None) -> "Completion":
+            trace: "TraceSink | None" = None,
+            prediction: "str | Sequence[int] | None" = None) -> "Completion":
         """Add a user turn, generate the assistant's answer (streamed through on_token) and
-        add it to the conversation."""
+        add it to the conversation.  prediction: what this answer is expected to be, drafted
+        first (Model.generate's prediction=; this turn only)."""
         if not isinstance(text, str):
             raise ConfigError(f"say() takes the user's text, got {type(text).__name__}")
         question = {"role": "user", "content": text}
@@ -115,6 +117,7 @@ class Conversation:
             emitted.append(token)               # after: an interrupted token was not shown
 
         try:
+            self.runner.predict(prediction)
             res = self.runner.run(ids, n_predict, on_token=record, trace=trace,
                                   n_keep=len(self._ids))
         except KeyboardInterrupt:           # Ctrl-C: keep the question and the partial answer
@@ -124,6 +127,8 @@ class Conversation:
         except BaseException:
             self._settle(ids, emitted, interrupted=True)
             raise
+        finally:
+            self.runner.predict(None)
         self._settle(ids, res.ids, interrupted=False)
         self.runner.remember(ids, res.ids, key=self._doc_key)
         self.messages += [question, {"role": "assistant", "content": self.model.detokenize(res.ids)}]

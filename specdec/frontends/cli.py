@@ -145,12 +145,16 @@ def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
                    help="interactive chat after the prompt (as `specdec chat`)")
     _add_sampling_flags(p)
     g = p.add_argument_group("speculation")
+    g.add_argument("--predict", default=None, metavar="FILE",
+                   help="the answer is expected to be (mostly) this file's text, e.g. the code an "
+                        "edit starts from: drafted first wherever the answer follows it")
+    g.add_argument("--prediction", default=None, metavar="TEXT", help="as --predict, the text itself")
     g.add_argument("--compare", action="store_true",
                    help="also run the plain target-only request and report the speedup")
     g.add_argument("--trace", default=None, metavar="FILE.jsonl",
                    help="write one record per verification step (docs/trace-format.md)")
     g.add_argument("--color", action="store_true",
-                   help="colour accepted (green), corrected (red) and bonus (blue) tokens")
+                   help="colour accepted (green; cyan from --predict), corrected (red) and bonus (blue) tokens")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="also print acceptance by draft position and draft/verify times")
 
@@ -251,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_run_args(a) -> None:
+    if a.predict is not None and a.prediction is not None:
+        raise ConfigError("--predict and --prediction are exclusive")
+    if (a.predict is not None or a.prediction is not None) and a.conversation:
+        raise ConfigError("--predict / --prediction are for one answer: `specdec run` without -cnv")
     if a.prompt is not None and a.file is not None:
         raise ConfigError("--prompt and --file are exclusive")
     if a.raw and a.system_prompt is not None:
@@ -364,13 +372,20 @@ def cmd_run(a) -> int:
             raise ConfigError(f"--file {a.file}: {e.strerror}") from None
     else:
         prompt = a.prompt if a.prompt is not None else ""
+    prediction = a.prediction
+    if a.predict is not None:
+        try:
+            prediction = open(a.predict, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--predict {a.predict}: {getattr(e, 'strerror', None) or e}") from None
     target = _load(a.model, a.ctx_size, a.activations, a.mmap, _quant(a, "target"))
     draft = (_load(a.draft_model, a.ctx_size, a.activations, a.mmap, _quant(a, "draft"))
              if a.draft_model else None)
     if draft is not None:                               # -md alone drafts with the model
         options = options.with_model(draft)
-    if options.enabled:
-        _progress(f"specdec: drafting: {options.describe()}")
+    if options.enabled or prediction is not None:
+        _progress(f"specdec: drafting: " + (f"the prediction ({len(prediction)} characters), then "
+                                            if prediction is not None else "") + options.describe())
     if a.conversation:
         return _chat(a, target, options, first=prompt or None)
     text, chat = _model_prompt(a, target, prompt)
@@ -380,18 +395,20 @@ def cmd_run(a) -> int:
         sys.stdout.write(prompt + ("\n" if chat else ""))
         sys.stdout.flush()
     printer = TokenPrinter(target.tokenizer, sys.stdout, COLORS if a.color else None, RESET)
-    trace = JsonlTrace(a.trace) if (a.trace and options.enabled) else None
+    speculative = options.enabled or prediction is not None
+    trace = JsonlTrace(a.trace) if (a.trace and speculative) else None
     kw = dict(n_predict=_n_predict(a, target), temperature=a.temp, top_k=a.top_k, top_p=a.top_p,
               min_p=a.min_p, seed=_seed(a), ignore_eos=a.ignore_eos, n_ctx=a.ctx_size or None)
     try:
-        out = target.generate(text, draft=options, on_token=printer, trace=trace, **kw)
+        out = target.generate(text, draft=options, on_token=printer, trace=trace,
+                              prediction=prediction, **kw)
     finally:
         if trace is not None:
             trace.close()
     printer.flush()
     sys.stdout.write("\n")
     sys.stdout.flush()
-    plain = target.generate(text, **kw) if (a.compare and options.enabled) else None
+    plain = target.generate(text, **kw) if (a.compare and speculative) else None
     _summary(out, a, plain)
     return 0
 

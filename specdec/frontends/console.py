@@ -14,7 +14,8 @@ from typing import IO
 from ..errors import SpecdecError
 from .printer import TokenPrinter
 
-COLORS = {"accepted": "\x1b[32m", "correction": "\x1b[31m", "bonus": "\x1b[34m"}   # green, red, blue
+COLORS = {"accepted": "\x1b[32m", "predicted": "\x1b[36m",      # green, cyan (from --predict)
+          "correction": "\x1b[31m", "bonus": "\x1b[34m"}           # red, blue
 RESET = "\x1b[0m"
 PROMPT = "> "
 

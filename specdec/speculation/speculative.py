@@ -36,6 +36,7 @@ import numpy as np
 
 from .drafters import Draft, Drafter
 from .drafters.base import DraftTree
+from .drafters.prediction import SOURCE as PREDICTED
 from ..errors import ConfigError, IncompatibleDraftError
 from ..generate import check_request, kept_prefix
 from ..interfaces import (DrafterStats, Eval, EvalTree, GenerationResult, OnToken, Session, SpecStats,
@@ -112,7 +113,7 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
         drafter.accept(res.n_accepted, res.next_token)
         timer.lap("draft")
         emitted: list[int] = []
-        kinds = ["accepted"] * res.n_accepted + [res.kind]
+        kinds = ["predicted" if source == PREDICTED else "accepted"] * res.n_accepted + [res.kind]
         for token, kind in zip([*drafted[: res.n_accepted], res.next_token], kinds):
             if token in eog_ids:
                 stop = "eog"
@@ -129,7 +130,8 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
         if trace is not None:
             trace.write(step_record(len(steps) - 1, len(ctx), drafted, q_rows, p_rows, res,
                                     emitted, stop == "eog", steps[-1].draft_s, steps[-1].verify_s,
-                                    branch=branch[0], n_branches=branch[1], n_nodes=n_drafted))
+                                    branch=branch[0], n_branches=branch[1], n_nodes=n_drafted,
+                                    source=source))
         ids += emitted
         ctx += emitted
     t2 = clock()

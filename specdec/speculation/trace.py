@@ -37,8 +37,9 @@ class StepRecord:
     branch: int = 0                     # multi-candidate steps: the verified branch (the fields above
     n_branches: int = 1                 # are its path), of n_branches candidates (tree leaves)
     n_nodes: int = 0                    # tokens drafted over all branches (0 in old traces: len(drafted))
+    source: str = ""                    # who drafted: Draft.source ('' in old traces)
 
-    OPTIONAL = ("branch", "n_branches", "n_nodes")     # fields older traces lack
+    OPTIONAL = ("branch", "n_branches", "n_nodes", "source")     # fields older traces lack
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), allow_nan=False)
@@ -55,7 +56,7 @@ class StepRecord:
 def step_record(step: int, n_context: int, drafted: Sequence[int], q: np.ndarray, p: np.ndarray,
                 result: VerifyResult, emitted: Sequence[int], eog: bool,
                 draft_s: float, verify_s: float, *, branch: int = 0, n_branches: int = 1,
-                n_nodes: int | None = None) -> StepRecord:
+                n_nodes: int | None = None, source: str = "") -> StepRecord:
     """q (n, V) the draft's rows, p (n+1, V) the target's rows of one step (of a tree step:
     those of the verified branch, `branch` of n_branches, n_nodes tokens drafted in all)."""
     n = len(drafted)
@@ -73,7 +74,8 @@ def step_record(step: int, n_context: int, drafted: Sequence[int], q: np.ndarray
         next_token=result.next_token, next_kind=result.kind,
         emitted=tuple(int(t) for t in emitted), eog=bool(eog),
         draft_s=float(draft_s), verify_s=float(verify_s), branch=int(branch),
-        n_branches=int(n_branches), n_nodes=int(n if n_nodes is None else n_nodes))
+        n_branches=int(n_branches), n_nodes=int(n if n_nodes is None else n_nodes),
+        source=str(source))
 
 
 def _floats(a: np.ndarray) -> tuple[float, ...]:

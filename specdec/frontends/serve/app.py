@@ -13,7 +13,10 @@ never a traceback.  A streamed request whose client goes away is cancelled, whic
 slot at the scheduler's next step.  Besides OpenAI's fields, each response carries llama-
 server's `timings` (prompt / predicted counts, ms and tokens per second, draft_n,
 draft_n_accepted) and the request may set `draft` ('model', 'prompt-lookup', 'hybrid',
-'suffix', 'none'), `draft_n`, `top_k`, `min_p`, `ignore_eos`.
+'suffix', 'none'), `draft_n`, `top_k`, `min_p`, `ignore_eos`.  OpenAI's predicted outputs:
+`prediction` {"type": "content", "content": text or text parts} is drafted first wherever the
+answer follows it (drafters.PredictionDrafter), and usage.completion_tokens_details counts
+its accepted_prediction_tokens / rejected_prediction_tokens.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.errors import SpecdecError
+from specdec.speculation.drafters.prediction import SOURCE as PREDICTED
 from specdec.speculation.policies import DRAFT_N_MAX
 from specdec.sampling import SamplerParams
 
@@ -66,16 +70,28 @@ class _Common(BaseModel):
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP)   # chat's N
     n_probs: Optional[int] = Field(None, ge=0, le=MAX_TOP)        # llama-server's N
     post_sampling_probs: bool = False                      # llama-server: the sampler's p
-
-
-class CompletionRequest(_Common):
-    prompt: Union[str, list[int], list[str]]
+    prediction: Optional[Union[Prediction, str]] = None    # predicted output (a bare string too)
 
 
 class _Part(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: str = "text"
     text: str = ""
+
+
+class Prediction(BaseModel):
+    """OpenAI's predicted output: {"type": "content", "content": text or [text parts]}."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["content"]
+    content: Union[str, list[_Part]]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(
+            p.text for p in self.content if p.type == "text")
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[int], list[str]]
 
 
 class Message(BaseModel):
@@ -223,7 +239,9 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
         n = next((x for x in (body.max_tokens, body.max_completion_tokens, body.n_predict)
                   if x is not None), config.n_predict)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-        return Job(ids, n, params, draft, seed=config.seed if body.seed is None else (None if body.seed == -1 else body.seed),
+        pred = body.prediction
+        prediction = None if pred is None else (pred if isinstance(pred, str) else pred.text())
+        return Job(ids, n, params, draft, prediction=prediction, seed=config.seed if body.seed is None else (None if body.seed == -1 else body.seed),
                    stop=stop, ignore_eos=body.ignore_eos, stream=body.stream,
                    logprobs=_n_top(body, chat),
                    post_sampling=body.post_sampling_probs)
@@ -345,8 +363,15 @@ async def _sse(job: Job, events: asyncio.Queue, shape: "_Shape", usage_chunk: bo
 
 
 def _usage(r: JobResult) -> dict:
+    """OpenAI's usage; completion_tokens_details counts the predicted-output tokens as
+    OpenAI does: drafted from the prediction and accepted, or drafted and not accepted."""
+    s = r.gen.stats
+    pred = s.by_drafter.get(PREDICTED) if s is not None and s.by_drafter else None
+    accepted = pred.n_accepted if pred else 0
     return {"prompt_tokens": r.gen.n_prompt, "completion_tokens": len(r.ids),
-            "total_tokens": r.gen.n_prompt + len(r.ids)}
+            "total_tokens": r.gen.n_prompt + len(r.ids),
+            "completion_tokens_details": {"accepted_prediction_tokens": accepted,
+                                          "rejected_prediction_tokens": (pred.n_drafted - accepted) if pred else 0}}
 
 
 def timings(r: JobResult) -> dict:

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from specdec.engine.model import eval_batch
-from specdec.speculation.drafters import Draft, Drafter, PromptLookupDrafter, SuffixDrafter
+from specdec.speculation.drafters import Draft, Drafter, PredictionDrafter, PromptLookupDrafter, SuffixDrafter
+from specdec.speculation.drafters.prediction import SOURCE as PREDICTED
 from specdec.errors import ConfigError, SpecdecError
 from specdec.interfaces import Eval, EvalTree, GenerationResult, run_eval
 from specdec.speculation.policies import DraftPolicy, StepFeedback
@@ -112,12 +113,14 @@ class LoadCappedPolicy(DraftPolicy):
     """A greedy request's own policy, its next_n capped by the scheduler's current batch size
     (greedy output does not depend on the draft length, so the tokens are unchanged)."""
 
-    def __init__(self, inner: DraftPolicy, cap: Callable[[], int | None], on_capped: Callable[[], None]):
-        self.inner, self.cap, self.on_capped = inner, cap, on_capped
+    def __init__(self, inner: DraftPolicy, cap: Callable[[str | None], int | None],
+                 on_capped: Callable[[], None]):
+        self.inner, self.cap, self.on_capped = inner, cap, on_capped    # cap(the step's key)
         self.n_max, self.p_min = inner.n_max, inner.p_min
+        self.key: str | None = None
 
     def next_n(self) -> int:
-        n, c = self.inner.next_n(), self.cap()
+        n, c = self.inner.next_n(), self.cap(self.key)
         if c is not None and n > c:
             self.on_capped()
             return c
@@ -127,6 +130,7 @@ class LoadCappedPolicy(DraftPolicy):
         self.inner.reset()
 
     def prepare(self, key: str | None) -> None:
+        self.key = key
         self.inner.prepare(key)
 
     def observe(self, fb: StepFeedback) -> None:
@@ -176,6 +180,7 @@ class Job:
     n_predict: int                          # -1: until end of generation or a full context
     params: SamplerParams
     draft: DraftOptions = DraftOptions()
+    prediction: str | list[int] | None = None   # the predicted output (Runner.predict)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -403,12 +408,16 @@ class Scheduler:
         try:
             runner = Runner(self.model, job.params, job.draft, seed=job.seed,
                             ignore_eos=job.ignore_eos, n_ctx=self.n_ctx, session=self.sessions[slot])
-            lookup = isinstance(runner.drafter, (PromptLookupDrafter, SuffixDrafter))
+            runner.predict(job.prediction)
+            free = (PromptLookupDrafter, SuffixDrafter)     # drafts that cost ~nothing
+            base = runner.drafter.fallback if isinstance(runner.drafter, PredictionDrafter) else runner.drafter
+            lookup = base is None or isinstance(base, free)
             if runner.drafter is not None and not lookup:
                 runner.drafter = LazyPrefill(runner.drafter)
             if runner.policy is not None and job.params.greedy:
                 runner.policy = LoadCappedPolicy(
-                    runner.policy, lambda: self.caps.cap(self.batch_size, lookup), self._count_capped)
+                    runner.policy, lambda key: self.caps.cap(self.batch_size, lookup or key == PREDICTED),
+                    self._count_capped)
             text = _TextTracker(self.model.tokenizer, job.stop)
             if job.logprobs is not None and runner.tree_k > 1:
                 # a tree pass's logits rows are its nodes, not the emitted tokens in order

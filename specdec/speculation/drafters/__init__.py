@@ -21,7 +21,9 @@ Drafters here, one module each: model.ModelDrafter (a small model), lookup.Promp
 hybrid.HybridDrafter (lookup when it matches, the model otherwise), retok.RetokenizingDrafter (a
 draft model of another vocabulary, drafting greedily through text), suffix.SuffixDrafter (the
 most frequent continuation of the longest matching suffix, in the context and a
-suffix.SuffixStore of earlier requests; q one-hot); base.py the interface.  `make_drafter`
+suffix.SuffixStore of earlier requests; q one-hot), prediction.PredictionDrafter (the user's
+own prediction of the answer, with the request's other drafting behind it; q one-hot); base.py
+the interface.  `make_drafter`
 builds one from a name, a Model or a Drafter.
 Each Draft names its `source`, so statistics can be kept per drafter.
 """
@@ -34,11 +36,12 @@ from .base import Draft, Drafter
 from .hybrid import HybridDrafter
 from .lookup import Match, NgramIndex, PromptLookupDrafter, check_lookup_options
 from .model import ModelDrafter
+from .prediction import PredictionDrafter
 from .retok import RetokenizingDrafter
 from .suffix import SuffixDrafter, SuffixStore
 
 __all__ = ["DRAFTER_NAMES", "Draft", "Drafter", "HybridDrafter", "Match", "ModelDrafter",
-           "NgramIndex", "PromptLookupDrafter", "RetokenizingDrafter", "SuffixDrafter", "SuffixStore",
+           "NgramIndex", "PredictionDrafter", "PromptLookupDrafter", "RetokenizingDrafter", "SuffixDrafter", "SuffixStore",
            "check_lookup_options",
            "make_drafter"]
 
