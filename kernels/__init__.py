@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kquants, legacy, repack
-from .float_act import MATMUL_FLOAT_ACT
+from . import cpu
+cpu.force_path()            # SPECDEC_KERNELS, before anything below compiles (cpu.py)
+from . import kquants, legacy, repack  # noqa: E402
+from .float_act import MATMUL_FLOAT_ACT  # noqa: E402
 
 MATMUL = {**legacy.MATMUL, **kquants.MATMUL,      # ggml type id -> fn(w, x, out)
           **repack.MATMUL}                    # repack.REPACKED ids (in-memory weights)

@@ -17,12 +17,32 @@ dot products ran decode at 0.18-0.35x llama.cpp's native build; the AVX2 path 0.
     describe() -> dict       both, as the benchmarks record them
     verify_growth() -> float what one more verification row costs, as a fraction of a
                              one-row pass, on this host's path (measured; a prior only)
+    force_path()             SPECDEC_KERNELS=avx2|vnni: compile the kernels for that path only
+                             (kernels/__init__ calls it before anything compiles); check_path()
+                             raises the one-line error of a path this host cannot run
+
+SPECDEC_KERNELS chooses an instruction path by what Numba compiles for: the host's features
+less those of the faster paths (``NUMBA_CPU_FEATURES``; Numba's on-disk cache keys every
+function on those features, so the paths' compiled code sits side by side).  Unset: the
+fastest path the host has.  Every path computes the same numbers bit for bit
+(tests/test_kernel_paths.py runs each path the host has against the default one).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+from numba.core import config
+from numba.core.codegen import get_host_cpu_features
+
 from .ir import cpu_features, have_avx2, have_f16c, have_vnni256, have_vnni512
+
+KERNELS_ENV = "SPECDEC_KERNELS"
+PATHS = ("vnni", "avx2")                   # forceable paths, fastest first
+# LLVM features each path turns off (prefixes): AVX2 drops every AVX-512 / AMX / AVX-VNNI form
+_OFF = {"vnni": ("amx",), "avx2": ("avx512", "amx", "avxvnni", "avx10", "avxifma", "avxneconvert")}
+_NEEDS = {"vnni": ("avx512f", "avx512bw", "avx512_vnni"), "avx2": ("avx2",)}   # /proc/cpuinfo flags
+_forced: dict[str, str] = {}               # {"path": ...} or {"error": ...}, set by force_path
 
 SIMD_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "bmi")
 
@@ -82,10 +102,43 @@ def host(path: str = "/proc/cpuinfo") -> CpuInfo:
         return CpuInfo("unknown", "unknown", None, None, None, ())
 
 
+def force_path(env: dict | None = None) -> str | None:
+    """Apply SPECDEC_KERNELS (from env, default os.environ) before any kernel compiles: the
+    path's features for Numba, or the error check_path() raises.  Returns the path forced."""
+    name = (os.environ if env is None else env).get(KERNELS_ENV, "").strip().lower()
+    if not name:
+        return None
+    if name not in PATHS:
+        _forced["error"] = f"{KERNELS_ENV}={name}: the paths are {', '.join(PATHS)} (unset: the fastest this host has)"
+        return None
+    flags = host().flags
+    missing = [f for f in _NEEDS[name] if f not in flags]
+    if missing:
+        _forced["error"] = f"{KERNELS_ENV}={name}: this CPU lacks {', '.join(missing)} ({host().model_name})"
+        return None
+    feats = [f if not (f.startswith("+") and f[1:].startswith(_OFF[name])) else "-" + f[1:]
+             for f in get_host_cpu_features().split(",")]
+    os.environ["NUMBA_CPU_FEATURES"] = ",".join(feats)
+    config.reload_config()
+    _forced["path"] = name
+    return name
+
+
+def check_path() -> None:
+    """ValueError (one line) when SPECDEC_KERNELS names a path this host cannot run."""
+    if "error" in _forced:
+        raise ValueError(_forced["error"])
+
+
+def path() -> str:
+    """The instruction path the kernels compile to: 'vnni', 'avx2' or 'portable'."""
+    return "vnni" if have_vnni512() else ("avx2" if have_avx2() else "portable")
+
+
 def kernel_paths() -> dict[str, str]:
     """Which instruction path each kernel family compiles to with the current target."""
     dot = "avx2 vpmaddubsw + vpmaddwd" if have_avx2() else "portable (no AVX2)"
-    return {"kquants": "avx512-vnni 512-bit" if have_vnni512() else dot,
+    return {"path": path(), "forced": _forced.get("path", ""), "kquants": "avx512-vnni 512-bit" if have_vnni512() else dot,
             "legacy": "avx512-vnni 256-bit" if have_vnni256() else dot,
             "fp16": "f16c" if have_f16c() else "exact software conversion",
             "numba_target_features": ",".join(sorted(f for f in cpu_features()

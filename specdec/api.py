@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import hub
+from . import hub, kernels
 from .engine.config import ModelConfig
 from .speculation.drafters import Drafter, SuffixStore
 from .errors import ConfigError, GGUFError
@@ -35,6 +35,10 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, n_ctx: int | None = None, activations: str = "auto",
                  mmap: bool | None = None, requant: Requant | None = None):
+        try:
+            kernels.cpu.check_path()                   # SPECDEC_KERNELS names a path this host has
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.path = str(path)
         self.name = os.path.basename(self.path)
         self.gguf = GGUFFile(path, mmap=mmap)

@@ -31,10 +31,12 @@ def test_cursor_follows_the_output_and_realigns_after_edits():
     assert d.tokens(ctx, 4) == [1, 2, 3, 4]             # the answer starts as predicted
     ctx += [1, 2, 3]
     assert d.tokens(ctx, 4) == [4, 5, 6, 7]             # followed: the cursor moved on
+    assert d.key(ctx) == "prediction/3-7"               # the evidence: 3 tokens in a row
     ctx += [150]                                        # an insertion: nothing to align on
     assert d.tokens(ctx, 4) == [] and d.cursor(ctx) is None
     ctx += [4]                                          # one token near the cursor re-aligns
     assert d.tokens(ctx, 3) == [5, 6, 7]
+    assert d.key(ctx) == "prediction/1-2"
     ctx += [7]                                          # a deletion of 5, 6
     assert d.tokens(ctx, 2) == [8, 9]
     ctx += [2, 3, 4]                                    # back before the cursor: 3 tokens
@@ -59,7 +61,7 @@ def test_fallback_drafts_where_the_prediction_has_nothing():
     d = PredictionDrafter([1, 2, 3], V, fallback=lookup)
     rng = NumpyRandom(0)
     ctx = [40, 41, 42, 40, 41]
-    assert d.key(ctx) == "prediction" and d.propose(ctx, 2, rng).source == "prediction"
+    assert d.key(ctx) == "prediction/start" and d.propose(ctx, 2, rng).source == "prediction"
     ctx += [60]                                         # off the prediction
     assert d.key(ctx).startswith("prompt-lookup")
     ctx += [40, 41]

@@ -19,7 +19,7 @@ import sys
 import time
 from collections import Counter
 
-from .. import hub
+from .. import hub, kernels
 from .console import COLORS, RESET, detail_lines, summary_line
 from ..errors import ConfigError, SpecdecError
 from ..speculation.drafters.suffix import DEFAULT_STORE_TOKENS
@@ -560,6 +560,10 @@ def cmd_models(a) -> int:
 def main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
+        try:
+            kernels.cpu.check_path()                    # SPECDEC_KERNELS names a path this host has
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         try:
             return {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "pull": cmd_pull,
                     "models": cmd_models, "trace-report": cmd_trace_report, "bench": cmd_bench,

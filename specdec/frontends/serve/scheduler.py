@@ -416,7 +416,7 @@ class Scheduler:
                 runner.drafter = LazyPrefill(runner.drafter)
             if runner.policy is not None and job.params.greedy:
                 runner.policy = LoadCappedPolicy(
-                    runner.policy, lambda key: self.caps.cap(self.batch_size, lookup or key == PREDICTED),
+                    runner.policy, lambda key: self.caps.cap(self.batch_size, lookup or str(key).startswith(PREDICTED)),
                     self._count_capped)
             text = _TextTracker(self.model.tokenizer, job.stop)
             if job.logprobs is not None and runner.tree_k > 1:

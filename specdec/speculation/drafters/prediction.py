@@ -42,12 +42,18 @@ class PredictionDrafter(Drafter):
     without an alignment it drafts nothing.  Where it has nothing to offer, `fallback` (the
     request's other drafting: prompt lookup, the suffix store, the draft model) proposes.
 
+    Keys: 'prediction/<run>', the bucket of the evidence behind the cursor — how many output
+    tokens in a row agree with the prediction up to it (the match re-aligned on, grown by every
+    token that followed it; 'start' before the first) — so the length policy learns per bucket
+    how far a prediction holds: long runs of a right one, short spurious matches of a wrong one.
+
     q rows are one-hot on the predicted tokens: a draft is a deterministic function of the
     context seen so far, so it is exactly "x ~ q" and verification keeps the target's law
     (Leviathan et al. 2023, Algorithm 1), whatever the prediction says.  The output starts
     where the first context this drafter sees after `reset` ends (the prompt)."""
 
     source = SOURCE
+    BUCKETS = ((16, "16+"), (8, "8-15"), (3, "3-7"), (1, "1-2"), (0, "start"))  # run -> key
     ALIGN_MAX = 12        # longest output suffix re-alignment looks up
     NEAR = 8              # a one-token re-alignment lands at most this far after the cursor
     ANYWHERE_MIN = 3      # shortest match re-aligning before the cursor
@@ -75,6 +81,7 @@ class PredictionDrafter(Drafter):
         self._seen = 0                      # context length the cursor is aligned with
         self._cursor: int | None = 0        # next predicted index, None: not aligned
         self._last = 0                      # the latest cursor held (re-alignment looks after it)
+        self._run = 0                       # output tokens in a row that agree up to the cursor
         self._by: Drafter | None = None     # who made the last proposal
 
     # -- alignment -----------------------------------------------------------------------
@@ -82,34 +89,35 @@ class PredictionDrafter(Drafter):
         """The prediction index aligned with the end of this context (None: no alignment)."""
         L = len(context_ids)
         if self._start is None or L < self._seen:
-            self._start, self._seen, self._cursor, self._last = L, L, 0, 0
+            self._start, self._seen, self._cursor, self._last, self._run = L, L, 0, 0, 0
         if L == self._seen:
             return self._cursor
         new = [int(t) for t in context_ids[self._seen: L]]
         c = self._cursor
         if c is not None and self.pred[c: c + len(new)] == new:
-            self._cursor = c + len(new)
+            self._cursor, self._run = c + len(new), self._run + len(new)
         else:
-            self._cursor = self._realign(context_ids[self._start: L])
+            self._cursor, self._run = self._realign(context_ids[self._start: L])
         self._seen = L
         if self._cursor is not None:
             self._last = self._cursor
         return self._cursor
 
-    def _realign(self, out: Sequence[int]) -> int | None:
-        """The cursor after the output `out` (class docstring's rule), or None."""
+    def _realign(self, out: Sequence[int]) -> tuple[int | None, int]:
+        """(the cursor after the output `out`, the match length) by the class docstring's
+        rule, or (None, 0)."""
         longest = min(self.ALIGN_MAX, len(out))
         tail = tuple(int(t) for t in out[len(out) - longest:])
         for n in range(longest, 0, -1):
             ends = self.index.ends(tail[longest - n:])
             i = bisect.bisect_left(ends, self._last)
             if i < len(ends) and (n > 1 or ends[i] - self._last <= self.NEAR):
-                return ends[i]
+                return ends[i], n
         for n in range(longest, self.ANYWHERE_MIN - 1, -1):
             ends = self.index.ends(tail[longest - n:])
             if ends:
-                return ends[-1]                     # all before the cursor: the nearest one
-        return None
+                return ends[-1], n                  # all before the cursor: the nearest one
+        return None, 0
 
     def tokens(self, context_ids: Sequence[int], n_max: int) -> list[int]:
         """The predicted ids `propose` drafts after this context (empty without alignment)."""
@@ -118,9 +126,10 @@ class PredictionDrafter(Drafter):
 
     # -- the Drafter hooks ---------------------------------------------------------------
     def key(self, context_ids: Sequence[int]) -> str | None:
-        """'prediction' when the prediction drafts the next step, else the fallback's key."""
+        """'prediction/<run bucket>' when the prediction drafts the next step (class
+        docstring), else the fallback's key."""
         if self.tokens(context_ids, 1):
-            return SOURCE
+            return f"{SOURCE}/" + next(name for lo, name in self.BUCKETS if self._run >= lo)
         return self.fallback.key(context_ids) if self.fallback is not None else f"{SOURCE}/none"
 
     def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
