@@ -107,7 +107,7 @@ def replay_lines(rp: dict) -> list[str]:
            "| --- | --- | " + " | ".join("---:" for _ in configs) + " |"]
     for s, r in rp["results"].items():
         out.append(f"| {s} | replayed | " + " | ".join(f"{r['replayed'][c]:.2f}" for c in configs) + " |")
-        out.append(f"| | measured | " + " | ".join(
+        out.append("| | measured | " + " | ".join(
             f"{r['measured'][c]:.2f}" if c in r["measured"] else "" for c in configs) + " |")
     goal, scales, grid = rp["goal"], rp["what_if"]["scales"], rp["what_if"]["best_speedup"]
     for s, g in grid.items():

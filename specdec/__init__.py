@@ -46,11 +46,11 @@ from .errors import (ConfigError, ContextOverflowError, GGUFError,  # noqa: E402
 from .frontends.chat import Conversation  # noqa: E402
 from .request import DraftOptions  # noqa: E402
 from .speculation.drafters import (Draft, Drafter, HybridDrafter, ModelDrafter,  # noqa: E402
-                                   PromptLookupDrafter, SuffixDrafter, SuffixStore)
+                                   PredictionDrafter, PromptLookupDrafter, SuffixDrafter, SuffixStore)
 from .speculation.policies import AdaptiveLength, DraftPolicy, FixedLength, Threshold  # noqa: E402
 
 __all__ = ["load", "Model", "Completion", "Conversation", "DraftOptions", "Draft", "Drafter",
-           "ModelDrafter", "PromptLookupDrafter", "HybridDrafter", "SuffixDrafter", "SuffixStore",
+           "ModelDrafter", "PredictionDrafter", "PromptLookupDrafter", "HybridDrafter", "SuffixDrafter", "SuffixStore",
            "DraftPolicy", "FixedLength",
            "Threshold", "AdaptiveLength", "SpecdecError", "GGUFError", "UnsupportedModelError",
            "TokenizerError", "ContextOverflowError", "IncompatibleDraftError", "ConfigError"]

@@ -30,10 +30,11 @@ def free_port() -> int:
 class Server:
     """A `specdec serve` subprocess; killed at teardown whatever happens."""
 
-    def __init__(self, args: list[str], log: Path):
+    def __init__(self, args: list[str], log: Path, key: str | None = None, env: dict | None = None):
         self.port = free_port()
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "specdec.frontends.cli", "serve", *args, "--port", str(self.port)],
@@ -51,16 +52,17 @@ class Server:
             self.stop()
             raise RuntimeError(f"server did not start: {log.read_text()}")
         assert "serving on http://127.0.0.1" in log.read_text()
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", timeout=60,
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=key or "none", timeout=60,
                                     max_retries=0)
 
     def post(self, path: str, body, **kw) -> httpx.Response:
         content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+        kw["headers"] = {**self.headers, **kw.get("headers", {})}
         return httpx.post(self.url + path, content=content, timeout=60, **kw)
 
     def metrics(self) -> dict[str, float]:
         out = {}
-        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
+        for line in httpx.get(self.url + "/metrics", headers=self.headers, timeout=10).text.splitlines():
             if line and not line.startswith("#"):
                 k, v = line.rsplit(" ", 1)
                 out[k] = float(v)

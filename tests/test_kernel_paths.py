@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec import kernels
-from specdec.kernels import cpu, repack
+from specdec.kernels import cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes import PAIR_FACTORIES, RELATIONS, enumerate_outcomes
+from fakes import RELATIONS, enumerate_outcomes
 from helpers import ListTrace, factories, sampling_params, target_law
 from specdec.errors import ConfigError
 from specdec.generate import generate_plain

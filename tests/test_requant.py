@@ -22,7 +22,7 @@ from specdec.engine.requant import Requant, bits_per_weight, narrows, parse_type
 from specdec.errors import ConfigError
 from specdec.kernels import get_rows, repack
 from specdec.kernels import requant as kq
-from specdec.kernels.formats import FORMATS, Q4_0, Q4_K, Q5_0, Q6_K, Q8_0
+from specdec.kernels.formats import Q4_0, Q4_K, Q5_0, Q6_K, Q8_0
 from synth import TinySpec, write_tiny_model
 from test_cli import cli, one_line_error
 

@@ -181,6 +181,22 @@ def test_full_queue_is_refused(models):
         sch.close()
 
 
+def test_close_finishes_the_active_and_refuses_the_queued(models):
+    from specdec.frontends.serve.scheduler import Cancelled
+    target, _ = models
+    sch = Scheduler(target, n_parallel=1, n_ctx=256)
+    a = sch.submit(Job(prompt(6, 5), 120, GREEDY, ignore_eos=True))
+    deadline = time.monotonic() + TIMEOUT
+    while not sch.active and time.monotonic() < deadline:
+        time.sleep(0.005)
+    b = sch.submit(Job(prompt(7, 5), 5, GREEDY, ignore_eos=True))
+    sch.close()
+    with pytest.raises(Cancelled, match="shutting down"):
+        b.wait(1)
+    assert a.wait(1).ids == solo(target, a)               # the active one completed
+    assert sch.metrics.requests["rejected"] == 1
+
+
 def test_stop_strings_and_text(models):
     target, _ = models
     job = Job(prompt(9, 8), 30, GREEDY, ignore_eos=True)

@@ -187,6 +187,18 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
                         "batch size B up ('-': uncapped; default: 1:-,2:0, docs/serve.md)")
     g.add_argument("--lookup-caps", default=None, metavar="B:N,...",
                    help="the same for prompt lookup (default: 1:-,2:4,3:3,4:2,5:1,8:0)")
+    g.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (repeatable; "
+                        "also --api-key-file and $SPECDEC_API_KEY; /health stays open)")
+    g.add_argument("--api-key-file", default=None, metavar="FILE", help="API keys, one a line")
+    g.add_argument("--max-body", type=int, default=8 << 20, metavar="BYTES",
+                   help="largest request body; larger ones get 413 (default: 8 MiB)")
+    g.add_argument("--max-tokens-limit", type=int, default=None, metavar="N",
+                   help="most tokens a request may ask for (max_tokens); more get 400 "
+                        "(default: the slot context)")
+    g.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a client may take to send its body; a slower one gets 408 and "
+                        "its connection is closed (default: 30)")
     g.add_argument("--prefill-chunk", type=int, default=256, metavar="N",
                    help="while other requests decode, evaluate a long prompt N rows per step "
                         "(0: whole prompts at once; default: 256)")
@@ -216,6 +228,25 @@ def build_parser() -> argparse.ArgumentParser:
                     "/health, /metrics) with speculative decoding and continuous batching; a\n"
                     "request's tokens never depend on the load.  Flags follow llama-server;\n"
                     "docs/serve.md describes the rest.  Ctrl-C / SIGTERM drain and exit."))
+    p = sub.add_parser(
+        "check", help="does speculation change anything on my prompts? (plain vs speculative)",
+        formatter_class=fmt, epilog=EPILOG,
+        usage="specdec check -m TARGET [-md DRAFT] [drafting flags] [-p TEXT | -f PROMPTS] [-n N] "
+              "[--temp T --samples K]",
+        description="Generate each prompt plainly and speculatively and compare: greedy, the\n"
+                    "tokens must be the same (the first divergence is reported with the\n"
+                    "target's top-2 margin there); with --temp T --samples K, a chi-square test\n"
+                    "of the first token's distribution against the target's exact law.  -f:\n"
+                    "one prompt a line, or JSONL with 'prompt' or 'messages'.  Exit 0: all\n"
+                    "the same; 1: a difference; 2: bad input.")
+    _add_run_flags(p)
+    g = p.add_argument_group("check")
+    g.add_argument("--samples", type=int, default=200, metavar="K",
+                   help="seeded runs of each per prompt with --temp > 0 (default: 200)")
+    g.add_argument("--alpha", type=float, default=0.01, help="significance of the test (default: 0.01)")
+    g.add_argument("--shift", type=float, default=0.05,
+                   help="the alternative the power is stated against: this much of p's mass moved "
+                        "from its most likely token to the next (default: 0.05)")
     p = sub.add_parser("trace-report", help="plot a speculative trace (--trace FILE.jsonl) as a PNG",
                        description="Acceptance by draft position, the distribution of p/q, tokens "
                                    "per step and predicted vs measured acceptance, as one PNG. "
@@ -384,7 +415,7 @@ def cmd_run(a) -> int:
     if draft is not None:                               # -md alone drafts with the model
         options = options.with_model(draft)
     if options.enabled or prediction is not None:
-        _progress(f"specdec: drafting: " + (f"the prediction ({len(prediction)} characters), then "
+        _progress("specdec: drafting: " + (f"the prediction ({len(prediction)} characters), then "
                                             if prediction is not None else "") + options.describe())
     if a.conversation:
         return _chat(a, target, options, first=prompt or None)
@@ -457,6 +488,52 @@ def _chat(a, target, options, first: str | None = None) -> int:
                         temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
                         seed=_seed(a), ignore_eos=a.ignore_eos, draft=options)
     return chat_loop(conv, _n_predict(a, target), first=first, colors=a.color, verbose=a.verbose)
+
+
+def cmd_check(a) -> int:
+    """`specdec check` (frontends/check.py): plain vs speculative on each prompt."""
+    from . import check
+    if not 0 < a.alpha < 1 or not 0 < a.shift < 1 or a.samples < 1:
+        raise ConfigError("--alpha and --shift must be in (0, 1), --samples >= 1")
+    if a.temp < 0:
+        raise ConfigError(f"--temp must be >= 0, got {a.temp}")
+    prompts = check.read_prompts(a.prompt, a.file)
+    options = _draft_options(a)
+    if a.threads:
+        _set_threads(a.threads)
+    target = _load(a.model, a.ctx_size, a.activations, a.mmap, _quant(a, "target"))
+    if a.draft_model:
+        options = options.with_model(_load(a.draft_model, a.ctx_size, a.activations, a.mmap, _quant(a, "draft")))
+    if not options.enabled:
+        raise ConfigError("specdec check compares speculative with plain generation: give -md DRAFT "
+                          "or --draft prompt-lookup / suffix")
+    _progress(f"specdec: checking {len(prompts)} prompt(s), drafting: {options.describe()}")
+    n, kw, bad = _n_predict(a, target), dict(n_ctx=a.ctx_size or None), 0
+    for i, item in enumerate(prompts, 1):
+        text = (target.chat_prompt(item["messages"]) if "messages" in item
+                else _model_prompt(a, target, item["prompt"])[0])
+        ids = target.tokenize(text)
+        if a.temp == 0:
+            r = check.check_greedy(target, ids, n, options, i, ignore_eos=a.ignore_eos, **kw)
+            line = (f"identical ({r.n_tokens} tokens)" if r.identical else
+                    f"differs at token {r.position}: {r.plain!r} plain, {r.speculative!r} speculative "
+                    f"(target's top-2 logit margin there {r.margin:.4g})")
+            ok = r.identical
+        else:
+            from ..sampling import SamplerParams
+            params = SamplerParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
+            r = check.check_sampled(target, ids, params, a.samples, options, i, a.shift, a.alpha,
+                                    seed=_seed(a) or 0, **kw)
+            line = (f"first token over {r.samples} samples: chi-square {r.chi2:.2f} over {r.n_bins} bins, "
+                    f"p = {r.p_value:.3g} (plain control p = {r.plain_p_value:.3g}); power {r.power:.2f} "
+                    f"against {a.shift:g} of p moved from its top token to the next; "
+                    + ("consistent" if r.consistent else "NOT consistent") + f" at alpha {a.alpha:g}")
+            ok = r.consistent
+        bad += not ok
+        print(f"prompt {i}: {line}", flush=True)
+    print(f"specdec check: {len(prompts) - bad}/{len(prompts)} "
+          + ("identical" if a.temp == 0 else "consistent with the target's law"))
+    return 1 if bad else 0
 
 
 def cmd_chat(a) -> int:
@@ -565,7 +642,7 @@ def main(argv=None) -> int:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         try:
-            return {"run": cmd_run, "chat": cmd_chat, "info": cmd_info, "pull": cmd_pull,
+            return {"run": cmd_run, "chat": cmd_chat, "check": cmd_check, "info": cmd_info, "pull": cmd_pull,
                     "models": cmd_models, "trace-report": cmd_trace_report, "bench": cmd_bench,
                     "serve": cmd_serve}[a.command](a)
         finally:

@@ -21,6 +21,7 @@ its accepted_prediction_tokens / rejected_prediction_tokens.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -133,6 +134,10 @@ class ServeConfig:
     n_predict: int = -1
     seed: int | None = None
     draft_model: Any = None                  # the -md Model, for per-request draft='model'
+    api_keys: tuple[str, ...] = ()           # Bearer keys /v1/* and /metrics require (none: open)
+    max_body: int = 8 << 20                  # bytes; a larger body is a 413
+    max_tokens_limit: int | None = None      # most tokens a request may ask for (None: the slot)
+    body_timeout: float = 30.0               # seconds to receive a body; slower is a 408
 
 
 def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
@@ -145,6 +150,8 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
         await asyncio.to_thread(scheduler.close)
 
     app = FastAPI(title="specdec serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    if config.api_keys:
+        app.add_middleware(BearerAuth, keys=config.api_keys)
     model = scheduler.model
     created = int(time.time())
 
@@ -189,7 +196,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await _parse(request, CompletionRequest)
+        body = await _parse(request, CompletionRequest, config)
         p = body.prompt
         if isinstance(p, list) and p and isinstance(p[0], str):
             if len(p) != 1:
@@ -202,7 +209,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        body = await _parse(request, ChatRequest)
+        body = await _parse(request, ChatRequest, config)
         msgs = [{"role": "system" if m.role == "developer" else m.role,
                  "content": m.content if isinstance(m.content, str) else
                  "".join(x.text for x in m.content or [] if x.type == "text")} for m in body.messages]
@@ -238,6 +245,13 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
             draft = replace(draft, n=body.draft_n)
         n = next((x for x in (body.max_tokens, body.max_completion_tokens, body.n_predict)
                   if x is not None), config.n_predict)
+        limit = config.max_tokens_limit
+        if limit is not None and (n > limit or n == -1):
+            if n == config.n_predict:                       # the server's own default: capped
+                n = limit
+            else:
+                raise ApiError(400, f"max_tokens: at most {limit} on this server (--max-tokens-limit), "
+                                    f"got {n}", param="max_tokens")
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         pred = body.prediction
         prediction = None if pred is None else (pred if isinstance(pred, str) else pred.text())
@@ -299,9 +313,58 @@ def _n_top(body: _Common, chat: bool) -> int | None:
     return n
 
 
-async def _parse(request: Request, cls: type[BaseModel]) -> BaseModel:
-    """The JSON body as a cls (whatever the Content-Type, as llama-server: `curl -d` works)."""
-    raw = await request.body()
+class BearerAuth:
+    """ASGI middleware: every route but /health requires `Authorization: Bearer KEY` with one of
+    `keys` (each compared in constant time, all of them every time); else a 401 with
+    OpenAI's error body."""
+
+    def __init__(self, app, keys: tuple[str, ...]):
+        self.app, self.keys = app, tuple(k.encode() for k in keys)
+
+    def authorized(self, header: bytes) -> bool:
+        scheme, _, token = header.partition(b" ")
+        ok = False
+        for k in self.keys:
+            ok |= hmac.compare_digest(token.strip(), k)
+        return ok and scheme.lower() == b"bearer"
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health":
+            header = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            if not self.authorized(header):
+                msg = ("missing API key: send 'Authorization: Bearer KEY'" if not header else
+                       "incorrect API key provided")
+                response = _error_response(ApiError(401, msg, code="invalid_api_key",
+                                                    headers={"WWW-Authenticate": "Bearer"}))
+                return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, or a 413 as soon as it passes `limit` bytes (Content-Length or counted)."""
+    size = request.headers.get("content-length", "")
+    too_big = ApiError(413, f"the request body is over {limit} bytes (--max-body)",
+                       code="request_too_large", headers={"Connection": "close"})
+    if size.isdigit() and int(size) > limit:
+        raise too_big
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _parse(request: Request, cls: type[BaseModel], config: ServeConfig) -> BaseModel:
+    """The JSON body as a cls (whatever the Content-Type, as llama-server: `curl -d` works);
+    a body over config.max_body is a 413, one slower than config.body_timeout a 408 (the
+    connection closed; no slot was taken)."""
+    try:
+        raw = await asyncio.wait_for(_read_body(request, config.max_body), config.body_timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {config.body_timeout:g} s "
+                            f"(--body-timeout)", code="timeout", headers={"Connection": "close"}) from None
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -475,7 +538,11 @@ def run_server(app: FastAPI, host: str, port: int, log=print, scheduler: Schedul
         http.join()
         scheduler.close()
 
-    old = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+    def on_signal(sig, frame):                  # drain now: queued requests get 503 at once
+        scheduler.drain()
+        server.handle_exit(sig, frame)
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         http.start()
         threading.Thread(target=watch, name="specdec-http-watch", daemon=True).start()

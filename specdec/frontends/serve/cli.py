@@ -9,6 +9,29 @@ from specdec.errors import ConfigError
 from specdec.sampling import SamplerParams
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def api_keys(flags: list[str] | None, path: str | None, env: str | None) -> tuple[str, ...]:
+    """The keys of --api-key (repeatable), --api-key-file (one a line; blank lines and
+    #-comments skipped) and $SPECDEC_API_KEY, in that order, without repeats."""
+    keys = list(flags or [])
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                keys += [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--api-key-file {path}: {getattr(e, 'strerror', None) or e}") from None
+        if not keys:
+            raise ConfigError(f"--api-key-file {path}: no key in it")
+    if env:
+        keys.append(env.strip())
+    for k in keys:
+        if not k or any(c.isspace() for c in k):
+            raise ConfigError("--api-key: a key is a non-empty string without spaces")
+    return tuple(dict.fromkeys(keys))
+
+
 def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
     """Load -m (and -md), start the scheduler and serve until Ctrl-C / SIGTERM (then drain,
     exit 0).  load / draft_options / set_threads / log / quant: specdec.frontends.cli's
@@ -25,6 +48,9 @@ def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
         raise ConfigError(f"--n-predict must be >= -1, got {a.n_predict}")
     if a.ctx_size < 0 or a.threads < 0:
         raise ConfigError("--ctx-size and --threads must be >= 0")
+    if a.max_body < 1 or (a.max_tokens_limit is not None and a.max_tokens_limit < 1) or not a.body_timeout > 0:
+        raise ConfigError("--max-body, --max-tokens-limit and --body-timeout must be > 0")
+    keys = api_keys(a.api_key, a.api_key_file, os.environ.get("SPECDEC_API_KEY"))
     params = SamplerParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
     options = draft_options(a)
     caps = DraftCaps.parse(a.draft_caps, a.lookup_caps)
@@ -49,7 +75,11 @@ def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
         if name not in ids:
             ids.append(name)
     config = ServeConfig(tuple(ids), params, a.n_predict, None if a.seed in (None, -1) else a.seed,
-                         draft)
+                         draft, api_keys=keys, max_body=a.max_body,
+                         max_tokens_limit=a.max_tokens_limit, body_timeout=a.body_timeout)
+    if not keys and a.host not in LOOPBACK:
+        log(f"specdec: warning: serving on {a.host} with no API key: anyone who reaches the port "
+            f"can use it (--api-key KEY, --api-key-file FILE or $SPECDEC_API_KEY)")
     log(f"specdec: {a.parallel} slots of {scheduler.n_ctx} tokens, drafting: "
         f"{options.describe()}"
         + f"; greedy draft caps by batch size: model {caps.table}, prompt lookup {caps.lookup}")

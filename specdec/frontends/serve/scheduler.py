@@ -357,12 +357,23 @@ class Scheduler:
                     "slots_busy": ("slots running a request", len(self.active)),
                     "slots_total": ("slots (--parallel)", self.n_parallel)}
 
-    def close(self, timeout: float = 60.0) -> None:
-        """Drain: refuse new requests, let queued and active ones finish (up to timeout
-        seconds; the rest are cancelled), then stop the thread."""
+    def drain(self) -> None:
+        """Refuse new requests and answer the queued ones at once with Cancelled (HTTP 503
+        with Retry-After: another server can take them now); the active ones go on."""
         with self._cv:
             self._closing = True
+            queued, self.queue = list(self.queue), deque()
             self._cv.notify()
+        for job in queued:
+            self.metrics.request_done("rejected")
+            job.error = Cancelled("the server is shutting down: retry the request")
+            self._emit(job, "error", job.error)
+            job.finished.set()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """drain(), let the active requests finish (up to timeout seconds; the rest are
+        cancelled), then stop the thread."""
+        self.drain()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._cv:

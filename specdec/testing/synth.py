@@ -1,0 +1,160 @@
+"""Tiny synthetic GGUF models for tests, written with gguf.GGUFWriter.
+
+Random weights, real file format, real tokenizer metadata: every test that uses one runs the
+same reader, kernels and forward as a real model does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    arch: str = "llama"          # llama | qwen2 | gemma3
+    n_vocab: int = 48
+    d_model: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_head_kv: int = 2
+    d_ff: int = 96
+    qtype: int = int(T.F32)      # type of the 2-D weights (F32, F16, Q8_0, Q4_0, ... )
+    seed: int = 0
+    tied: bool = False
+    logit_scale: float = 1.0     # sharpens (>1) or flattens (<1) the output distribution
+    n_ctx: int = 512
+    sliding_window: int = 0      # gemma3 only
+    chat_template: str | None = None   # tokenizer.chat_template (Jinja2), none by default
+    tokens: tuple[str, ...] = ()       # a byte-level BPE vocabulary of n_vocab texts (default: _tokens)
+    token_types: tuple[int, ...] = ()  # their tokenizer.ggml.token_type (default: all 1, normal)
+    merges: tuple[str, ...] = ()       # its tokenizer.ggml.merges, "a b" in rank order
+
+
+def _tokens(n_vocab: int) -> list[str]:
+    """Printable single-character tokens (byte-level BPE alphabet subset), then multi-char."""
+    alphabet = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+    toks = alphabet[:n_vocab]
+    i = 0
+    while len(toks) < n_vocab:
+        toks.append(alphabet[i % 26] + alphabet[(i // 26) % 26])
+        i += 1
+    return toks
+
+
+def tokenizer_metadata(spec: TinySpec = TinySpec()) -> dict:
+    """The tokenizer.* metadata write_tiny_model writes for spec (for Tokenizer.from_metadata
+    without a file): a 'gpt2' vocabulary, BOS 0 (not added), EOS n_vocab - 1."""
+    toks = list(spec.tokens) or _tokens(spec.n_vocab)
+    if len(toks) != spec.n_vocab:
+        raise ValueError(f"TinySpec: {len(toks)} tokens for n_vocab {spec.n_vocab}")
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": toks,
+            "tokenizer.ggml.token_type": list(spec.token_types) or [1] * spec.n_vocab,
+            "tokenizer.ggml.merges": list(spec.merges),
+            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": spec.n_vocab - 1,
+            "tokenizer.ggml.add_bos_token": False}
+    if spec.chat_template is not None:
+        meta["tokenizer.chat_template"] = spec.chat_template
+    return meta
+
+
+# byte offsets of the fp16 super-block scales (d, and dmin where there is one) per K-quant,
+# which gguf.quants cannot quantize to: random blocks are drawn and these scales set instead.
+_KQUANT_SCALES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+
+
+def _random_kquant(rng, n_out: int, n_in: int, qt: T, std: float) -> np.ndarray:
+    """Random K-quant rows (n_out, row_bytes) whose dequantized values have about `std`."""
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    raw = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)   # (blocks, size)
+    offsets = _KQUANT_SCALES[qt]
+    val = 1e-3                                  # try 1e-3, then rescale to the std wanted
+    for _ in range(2):
+        for off in offsets:
+            raw[:, off:off + 2] = np.frombuffer(np.float16(val).tobytes(), np.uint8)
+        got = gguf.quants.dequantize(raw.reshape(n_out, -1), qt).std()
+        val = np.float16(1e-3 * std / got)
+    return raw.reshape(n_out, -1)
+
+
+def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
+    """Write a random-weight model to `path` and return it."""
+    rng = np.random.default_rng(spec.seed)
+    path = Path(path)
+    D, H, Hkv, F, V = spec.d_model, spec.n_head, spec.n_head_kv, spec.d_ff, spec.n_vocab
+    Dh = D // H
+    w = gguf.GGUFWriter(str(path), spec.arch)
+    a = spec.arch
+    w.add_block_count(spec.n_layer)
+    w.add_context_length(spec.n_ctx)
+    w.add_embedding_length(D)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    if a == "gemma3":
+        w.add_key_length(Dh)
+        w.add_value_length(Dh)
+        w.add_sliding_window(spec.sliding_window or 4)
+    meta = tokenizer_metadata(spec)
+    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    w.add_token_merges(meta["tokenizer.ggml.merges"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(V - 1)
+    w.add_add_bos_token(False)
+    if spec.chat_template is not None:
+        w.add_chat_template(spec.chat_template)
+
+    def mat(name, n_out, n_in, std):
+        x = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)   # (N, K)
+        qt = T(spec.qtype)
+        if qt == T.F32:
+            w.add_tensor(name, x)
+        elif qt == T.F16:
+            w.add_tensor(name, x.astype(np.float16))
+        elif qt in _KQUANT_SCALES:
+            raw = _random_kquant(rng, n_out, n_in, qt, std)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
+        else:
+            raw = gguf.quants.quantize(x, qt)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
+
+    def vec(name, n, around=1.0, std=0.1):
+        w.add_tensor(name, (around + rng.standard_normal(n) * std).astype(np.float32))
+
+    mat("token_embd.weight", V, D, 1.0)
+    if not spec.tied:
+        mat("output.weight", V, D, spec.logit_scale / np.sqrt(D))
+    vec("output_norm.weight", D)
+    for i in range(spec.n_layer):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", D)
+        mat(p + "attn_q.weight", H * Dh, D, 1 / np.sqrt(D))
+        mat(p + "attn_k.weight", Hkv * Dh, D, 1 / np.sqrt(D))
+        mat(p + "attn_v.weight", Hkv * Dh, D, 1 / np.sqrt(D))
+        if a == "qwen2":
+            for n, size in (("q", H * Dh), ("k", Hkv * Dh), ("v", Hkv * Dh)):
+                vec(p + f"attn_{n}.bias", size, around=0.0, std=0.1)
+        mat(p + "attn_output.weight", D, H * Dh, 1 / np.sqrt(H * Dh))
+        vec(p + "ffn_norm.weight", D)
+        mat(p + "ffn_gate.weight", F, D, 1 / np.sqrt(D))
+        mat(p + "ffn_up.weight", F, D, 1 / np.sqrt(D))
+        mat(p + "ffn_down.weight", D, F, 1 / np.sqrt(F))
+        if a == "gemma3":
+            vec(p + "attn_q_norm.weight", Dh)
+            vec(p + "attn_k_norm.weight", Dh)
+            vec(p + "post_attention_norm.weight", D)
+            vec(p + "post_ffw_norm.weight", D)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
