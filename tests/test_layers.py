@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # layer of a module (dotted name below specdec) -> rank; a module may import ranks <= its own
 LAYERS = [("kernels", 0), ("errors", 1), ("interfaces", 1), ("engine", 2), ("tokenizer", 2),
           ("spm", 2), ("template", 2), ("sampling", 2), ("hub", 2), ("llamacpp", 2),
-          ("generate", 3), ("speculation", 3), ("request", 4), ("api", 5), ("frontends", 6)]
+          ("generate", 3), ("speculation", 3), ("request", 4), ("api", 5), ("frontends", 6),
+          ("testing", 7)]             # the public test toolkit: above everything it checks
 
 
 def module_files() -> dict[str, Path]:
