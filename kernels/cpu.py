@@ -17,7 +17,7 @@ dot products ran decode at 0.18-0.35x llama.cpp's native build; the AVX2 path 0.
     describe() -> dict       both, as the benchmarks record them
     verify_growth() -> float what one more verification row costs, as a fraction of a
                              one-row pass, on this host's path (measured; a prior only)
-    force_path()             SPECDEC_KERNELS=avx2|vnni: compile the kernels for that path only
+    force_path()             SPECDEC_KERNELS=amx|vnni|avx2: compile the kernels for that path only
                              (kernels/__init__ calls it before anything compiles); check_path()
                              raises the one-line error of a path this host cannot run
 
@@ -35,13 +35,15 @@ from dataclasses import dataclass
 from numba.core import config
 from numba.core.codegen import get_host_cpu_features
 
+from . import amx
 from .ir import cpu_features, have_avx2, have_f16c, have_vnni256, have_vnni512
 
 KERNELS_ENV = "SPECDEC_KERNELS"
-PATHS = ("vnni", "avx2")                   # forceable paths, fastest first
+PATHS = ("amx", "vnni", "avx2")            # forceable paths, fastest first
 # LLVM features each path turns off (prefixes): AVX2 drops every AVX-512 / AMX / AVX-VNNI form
-_OFF = {"vnni": ("amx",), "avx2": ("avx512", "amx", "avxvnni", "avx10", "avxifma", "avxneconvert")}
-_NEEDS = {"vnni": ("avx512f", "avx512bw", "avx512_vnni"), "avx2": ("avx2",)}   # /proc/cpuinfo flags
+_OFF = {"amx": (), "vnni": ("amx",), "avx2": ("avx512", "amx", "avxvnni", "avx10", "avxifma", "avxneconvert")}
+_NEEDS = {"amx": ("avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8"),   # /proc/cpuinfo flags
+          "vnni": ("avx512f", "avx512bw", "avx512_vnni"), "avx2": ("avx2",)}
 _forced: dict[str, str] = {}               # {"path": ...} or {"error": ...}, set by force_path
 
 SIMD_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "bmi")
@@ -125,20 +127,28 @@ def force_path(env: dict | None = None) -> str | None:
 
 
 def check_path() -> None:
-    """ValueError (one line) when SPECDEC_KERNELS names a path this host cannot run."""
+    """ValueError (one line) when SPECDEC_KERNELS names a path this host cannot run (for
+    amx: also when the OS or the process's permission stands in the way, amx.status())."""
     if "error" in _forced:
         raise ValueError(_forced["error"])
+    if _forced.get("path") == "amx" and not amx.available():
+        raise ValueError(f"{KERNELS_ENV}=amx: {amx.status()} ({host().model_name})")
 
 
 def path() -> str:
-    """The instruction path the kernels compile to: 'vnni', 'avx2' or 'portable'."""
-    return "vnni" if have_vnni512() else ("avx2" if have_avx2() else "portable")
+    """The instruction path the kernels run: 'amx' (tiles for passes of many rows, vnni below
+    them), 'vnni', 'avx2' or 'portable'."""
+    if have_vnni512():
+        return "amx" if amx.available() else "vnni"
+    return "avx2" if have_avx2() else "portable"
 
 
 def kernel_paths() -> dict[str, str]:
     """Which instruction path each kernel family compiles to with the current target."""
     dot = "avx2 vpmaddubsw + vpmaddwd" if have_avx2() else "portable (no AVX2)"
-    return {"path": path(), "forced": _forced.get("path", ""), "kquants": "avx512-vnni 512-bit" if have_vnni512() else dot,
+    return {"path": path(), "forced": _forced.get("path", ""),
+            "amx": "tdpbsud tiles: legacy quants, passes of >= 16 rows" if amx.available() else amx.status(),
+            "kquants": "avx512-vnni 512-bit" if have_vnni512() else dot,
             "legacy": "avx512-vnni 256-bit" if have_vnni256() else dot,
             "fp16": "f16c" if have_f16c() else "exact software conversion",
             "numba_target_features": ",".join(sorted(f for f in cpu_features()

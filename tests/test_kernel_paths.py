@@ -82,7 +82,7 @@ def test_unknown_or_missing_paths_are_one_line_errors(monkeypatch, tmp_path):
     try:
         cpu._forced.clear()
         assert cpu.force_path({cpu.KERNELS_ENV: "telepathy"}) is None
-        with pytest.raises(ValueError, match="the paths are vnni, avx2"):
+        with pytest.raises(ValueError, match="the paths are amx, vnni, avx2"):
             cpu.check_path()
         cpu._forced.clear()
         monkeypatch.setattr(cpu, "host", lambda: cpu.CpuInfo("AuthenticAMD", "a Zen 3", 25, 1, 1, ("avx2",)))
@@ -102,5 +102,5 @@ def test_unknown_or_missing_paths_are_one_line_errors(monkeypatch, tmp_path):
 
 def test_machine_info_records_the_path():
     info = cpu.describe()["kernel_paths"]
-    assert info["path"] == cpu.path() and info["path"] in ("vnni", "avx2", "portable")
+    assert info["path"] == cpu.path() and info["path"] in ("amx", "vnni", "avx2", "portable")
     json.dumps(info)

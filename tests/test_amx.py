@@ -1,0 +1,98 @@
+"""AMX tiles (kernels/legacy_amx.py): every legacy format gives the VNNI tile's numbers bit for
+bit, for any M (tails of 16 activation rows and of 16 weight rows included), each row
+independent of the others; AMX is used only where CPU, OS and the process's permission
+allow it.  Skipped, with the reason, on hosts without AMX."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdec.kernels import amx, cpu, legacy, legacy_amx
+from helpers import make_weights
+
+T = gguf.GGMLQuantizationType
+QUANTS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+needs_amx = pytest.mark.skipif(not amx.available(), reason=f"no AMX here: {amx.status()}")
+
+
+def _vnni(qt, w, x, out):
+    legacy._matmul_quant(int(qt), w, x, out)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint32)
+
+
+@needs_amx
+@settings(max_examples=25, deadline=None)
+@given(qt=st.sampled_from(QUANTS), n=st.integers(1, 70), nb=st.integers(1, 9), raw=st.booleans(),
+       m=st.integers(1, 70), seed=st.integers(0, 2**32 - 1))
+def test_amx_is_bitwise_the_vnni_tile(qt, n, nb, raw, m, seed):
+    rng = np.random.default_rng(seed)
+    w = make_weights(qt, n, 32 * nb, rng, raw=raw)
+    x = rng.standard_normal((m, 32 * nb)).astype(np.float32) * rng.uniform(0.01, 10)
+    ref, got = np.empty((m, n), np.float32), np.full((m, n), np.nan, np.float32)
+    _vnni(qt, w, x, ref)
+    legacy_amx.matmul(int(qt), w, x, got, _vnni)
+    assert np.array_equal(_bits(ref), _bits(got))
+
+
+@needs_amx
+@pytest.mark.parametrize("qt", [qt for qt in QUANTS if int(qt) in legacy_amx.MIN_M])
+def test_passes_that_take_the_tiles_keep_rows_independent(qt):
+    """The public matmul sends M >= MIN_M through the tiles: each row equals the row alone
+    (M = 1, the VNNI tile), whatever the other rows hold."""
+    rng = np.random.default_rng(int(qt))
+    w = make_weights(qt, 48, 256, rng, raw=False)
+    x = rng.standard_normal((legacy_amx.MIN_M[int(qt)] + 5, 256)).astype(np.float32)
+    out = np.empty((x.shape[0], 48), np.float32)
+    legacy.MATMUL[int(qt)](w, x, out)
+    for i in (0, 7, x.shape[0] - 1):
+        alone = np.empty((1, 48), np.float32)
+        legacy.MATMUL[int(qt)](w, x[i:i + 1], alone)
+        assert np.array_equal(_bits(out[i]), _bits(alone[0]))
+    x2 = x.copy()
+    x2[1:] = rng.standard_normal(x2[1:].shape).astype(np.float32) * 100
+    out2 = np.empty_like(out)
+    legacy.MATMUL[int(qt)](w, x2, out2)
+    assert np.array_equal(_bits(out[0]), _bits(out2[0]))
+
+
+@needs_amx
+def test_the_host_path_is_amx_and_is_recorded():
+    info = cpu.kernel_paths()
+    assert cpu.path() == "amx" and info["path"] == "amx" and "tdpbsud" in info["amx"]
+    assert amx._xcr0() & amx.XCR0_TILE == amx.XCR0_TILE
+
+
+def test_amx_is_refused_with_a_reason_where_it_cannot_run(monkeypatch):
+    """Without the CPU flags, status() names what is missing and available() is False;
+    SPECDEC_KERNELS=amx on such a host is a one-line error."""
+    monkeypatch.setattr(amx, "_cpuinfo_flags", lambda: {"avx2"})
+    amx.status.cache_clear()
+    try:
+        assert not amx.available() and "amx_tile" in amx.status()
+    finally:
+        monkeypatch.undo()
+        amx.status.cache_clear()
+    saved = dict(cpu._forced)
+    try:
+        cpu._forced.clear()
+        monkeypatch.setattr(cpu, "host", lambda: cpu.CpuInfo("AuthenticAMD", "a Zen 4", 25, 17, 1,
+                                                             ("avx2", "avx512f", "avx512bw", "avx512_vnni")))
+        assert cpu.force_path({cpu.KERNELS_ENV: "amx"}) is None
+        with pytest.raises(ValueError, match="lacks amx_tile, amx_int8") as e:
+            cpu.check_path()
+        assert "\n" not in str(e.value)
+    finally:
+        cpu._forced.clear()
+        cpu._forced.update(saved)
+
+
+def test_the_tile_configuration_bytes():
+    cfg = amx.tile_config({0: (16, 64), 2: (8, 64)})
+    assert cfg[0] == 1 and cfg[16] == 64 and cfg[20] == 64 and cfg[48] == 16 and cfg[50] == 8
+    assert cfg.sum() == 1 + 64 + 64 + 16 + 8
