@@ -40,17 +40,19 @@ def rms_norm_heads(x, w, eps):
 
 
 @njit(cache=True, nogil=True)
-def rope_cos_sin(positions, n_rot, base):
-    """(M, n_rot/2, 2) float32 cos and sin of theta_i = pos * base^(-2i / n_rot), i < n_rot/2,
-    as in ggml_rope (rope_yarn without scaling): computed once per forward and base, shared by
-    the q and k of every layer.   positions: (M,) int64."""
+def rope_cos_sin(positions, n_rot, base, freq_scale, factors):
+    """(M, n_rot/2, 2) float32 cos and sin of
+        theta_i = freq_scale * pos * base^(-2i / n_rot) / factors[i],   i < n_rot/2,
+    as in ggml_rope_ext (rope_yarn with linear scaling only; factors: the rope_freqs tensor of
+    Llama 3.1+, ones without one): computed once per forward and base, shared by the q and k
+    of every layer.   positions: (M,) int64; factors: (n_rot/2,) float32."""
     M = positions.shape[0]
     half = n_rot // 2
     cs = np.empty((M, half, 2), dtype=np.float32)
     for m in range(M):
         pos = np.float64(positions[m])
         for i in range(half):
-            theta = pos * base ** (-2.0 * i / n_rot)
+            theta = freq_scale * (pos * base ** (-2.0 * i / n_rot) / np.float64(factors[i]))
             cs[m, i, 0] = np.float32(math.cos(theta))
             cs[m, i, 1] = np.float32(math.sin(theta))
     return cs

@@ -38,6 +38,7 @@ class ModelConfig:
     rope_base_local: float = 10000.0
     embed_scale: float = 1.0         # token embeddings are multiplied by this (gemma: sqrt(d_model))
     final_logit_softcap: float = 0.0  # gemma3: logits = c * tanh(logits / c) when c > 0
+    rope_freq_scale: float = 1.0     # linear RoPE scaling: every angle times this (1 / factor)
 
     @property
     def n_rep(self) -> int:
@@ -101,6 +102,7 @@ class ModelConfig:
             if factor not in (0.0, 1.0):
                 raise UnsupportedModelError(
                     f"{gf.path}: RoPE scaling (factor {factor:g}) is not supported")
+        _refuse_unimplemented(gf, arch, key)
         return cls(
             arch=arch,
             n_layer=n_layer,
@@ -117,4 +119,32 @@ class ModelConfig:
             swa_period=6 if sliding else 0,
             embed_scale=math.sqrt(d_model) if arch == "gemma3" else 1.0,
             final_logit_softcap=softcap,
+            rope_freq_scale=1.0 if arch == "gemma3" else _linear_rope_scale(gf, arch, key),
         )
+
+
+def _linear_rope_scale(gf: GGUFFile, arch: str, key) -> float:
+    """llama.cpp's freq_scale: 1 / rope.scaling.factor (or the older rope.scale_linear), 1
+    without one; the scaling type defaults to linear as there.  Any other type (yarn,
+    longrope, ...) with a factor other than 1 is refused: it changes more than the scale."""
+    kind = str(key("rope.scaling.type", "linear")).lower()
+    factor = key("rope.scaling.factor", 0.0) or key("rope.scale_linear", 0.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 0:
+        raise GGUFError(f"{gf.path}: {arch}.rope.scaling.factor is {factor!r:.40}, expected a finite number >= 0")
+    if factor in (0.0, 1.0):
+        return 1.0
+    if kind in ("linear", "none"):
+        return 1.0 / float(factor)
+    raise UnsupportedModelError(f"{gf.path}: {arch}.rope.scaling.type {kind!r} (factor {factor:g}) "
+                                "is not implemented by specdec (linear is)")
+
+
+def _refuse_unimplemented(gf: GGUFFile, arch: str, key) -> None:
+    """Metadata that changes the computation in ways this engine does not implement: an
+    UnsupportedModelError naming the key, never a silently different model."""
+    for name in ("expert_count", "attn_logit_softcapping", "final_logit_softcapping"):
+        if name == "final_logit_softcapping" and arch == "gemma3":
+            continue
+        v = key(name, 0)
+        if v not in (0, 0.0, None):
+            raise UnsupportedModelError(f"{gf.path}: {arch}.{name} = {v!r:.40} is not implemented by specdec")

@@ -71,6 +71,7 @@ class Weights:
     layers: tuple[Layer, ...]
     out_norm: np.ndarray             # (D,)
     output: Linear                   # (D) -> (V); the embedding table when tied
+    rope_freqs: np.ndarray | None = None   # (rope_dim/2,) Llama 3.1+ frequency divisors
 
     @classmethod
     def from_gguf(cls, gf: GGUFFile, cfg: ModelConfig, activations: str = "auto",
@@ -86,7 +87,10 @@ class Weights:
         float_act = activations == "float" or (activations == "auto" and cfg.arch == "gemma3")
         D, H, Hkv, Dh, F, V = cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_ff, cfg.n_vocab
 
+        seen: set[str] = set()                                  # every tensor the engine reads
+
         def vec(name, n):
+            seen.add(name)
             t = _info(gf, name, (n,))
             if t.ggml_type != GGMLQuantizationType.F32:
                 raise UnsupportedModelError(f"{gf.path}: tensor {name!r} is {t.type_name}, expected F32")
@@ -96,6 +100,7 @@ class Weights:
             return vec(name, n) if name in gf.tensors else None
 
         def lin(name, n_in, n_out, bias=False, exact=False, table=False, head=False):
+            seen.add(name)
             t = _info(gf, name, (n_in, n_out))
             if t.ggml_type not in kernels.SUPPORTED_TYPES:
                 raise UnsupportedModelError(
@@ -144,7 +149,29 @@ class Weights:
             output = lin("token_embd.weight", D, V, table=True, head=True)  # its own copy
         else:
             output = emb
-        return cls(emb.w, emb.qtype, tuple(layers), vec("output_norm.weight", D), output)
+        out_norm = vec("output_norm.weight", D)
+        rope_freqs = opt_vec("rope_freqs.weight", cfg.rope_dim // 2) if cfg.arch == "llama" else None
+        _refuse_unread(gf, seen)
+        return cls(emb.w, emb.qtype, tuple(layers), out_norm, output, rope_freqs)
+
+
+def _refuse_unread(gf: GGUFFile, seen: set[str]) -> None:
+    """A tensor the engine does not read changes the computation in a way it does not
+    implement (a bias, a norm, rope factors of another architecture, experts): refused, by
+    name, rather than silently left out."""
+    unread = sorted(set(gf.tensors) - seen)
+    if unread:
+        more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
+        raise UnsupportedModelError(f"{gf.path}: tensor {unread[0]!r}{more} is not used by specdec's "
+                                    f"{gf.get('general.architecture')} forward pass")
+
+
+def rope_factors(cfg: ModelConfig, w: Weights, local: bool) -> np.ndarray:
+    """(rope_dim/2,) float32 divisors of the RoPE frequencies: the rope_freqs tensor of
+    Llama 3.1+ (llama.cpp passes it to ggml_rope_ext on every layer), ones without it."""
+    if w.rope_freqs is not None and not local:
+        return w.rope_freqs
+    return np.ones(cfg.rope_dim // 2, np.float32)
 
 
 def _info(gf: GGUFFile, name: str, dims: tuple[int, ...]):
@@ -218,7 +245,7 @@ def _forward(cfg: ModelConfig, w: Weights, items, head: Linear | None,
         x *= np.float32(cfg.embed_scale)
     h = np.empty_like(x)                                                         # (M, D)
     att = np.empty((M, H, Dh), dtype=np.float32)                                 # (M, H, Dh)
-    rope_cs: dict[float, np.ndarray] = {}                                        # base -> cos, sin
+    rope_cs: dict[tuple, np.ndarray] = {}                                        # (base, local) -> cos, sin
     for il, L in enumerate(w.layers):
         rms_norm(x, L.attn_norm, cfg.norm_eps, h)
         q = L.wq(h).reshape(M, H, Dh)                                            # (M, H, Dh)
@@ -229,10 +256,11 @@ def _forward(cfg: ModelConfig, w: Weights, items, head: Linear | None,
             rms_norm_heads(k, L.k_norm, cfg.norm_eps)
         local = cfg.is_local_layer(il)
         base = cfg.rope_base_local if local else cfg.rope_base
-        if base not in rope_cs:
-            rope_cs[base] = rope_cos_sin(pos, cfg.rope_dim, base)               # (M, rope_dim/2, 2)
-        rope_apply(q, rope_cs[base], neox)                                       # row m at pos[m]
-        rope_apply(k, rope_cs[base], neox)
+        if (base, local) not in rope_cs:
+            rope_cs[base, local] = rope_cos_sin(pos, cfg.rope_dim, base, 1.0 if local else cfg.rope_freq_scale,
+                                                rope_factors(cfg, w, local))     # (M, rope_dim/2, 2)
+        rope_apply(q, rope_cs[base, local], neox)                                # row m at pos[m]
+        rope_apply(k, rope_cs[base, local], neox)
         if gemma:                    # llama.cpp scales Q, then attends with kq_scale 1
             q *= np.float32(cfg.attn_scale)
         for (cache, _, start, _), r in zip(items, rows):

@@ -32,6 +32,10 @@ class TinySpec:
     tokens: tuple[str, ...] = ()       # a byte-level BPE vocabulary of n_vocab texts (default: _tokens)
     token_types: tuple[int, ...] = ()  # their tokenizer.ggml.token_type (default: all 1, normal)
     merges: tuple[str, ...] = ()       # its tokenizer.ggml.merges, "a b" in rank order
+    rope_freqs: bool = False           # llama: a Llama-3.1-style rope_freqs.weight (frequency divisors)
+    rope_scale_linear: float = 0.0     # rope.scaling.type linear with this factor (0: none)
+    extra_metadata: tuple = ()         # (key, value) pairs written as they are (int, float or str)
+    extra_tensors: tuple = ()          # names of extra float32 vectors of d_model values
 
 
 def _tokens(n_vocab: int) -> list[str]:
@@ -79,6 +83,20 @@ def _random_kquant(rng, n_out: int, n_in: int, qt: T, std: float) -> np.ndarray:
         got = gguf.quants.dequantize(raw.reshape(n_out, -1), qt).std()
         val = np.float16(1e-3 * std / got)
     return raw.reshape(n_out, -1)
+
+
+def llama3_rope_factors(d_head: int, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
+                        n_ctx_orig: int = 8192, base: float = 10000.0) -> np.ndarray:
+    """(d_head/2,) float32 rope_freqs as the GGUF converter computes them for Llama 3.1
+    (convert_hf_to_gguf.py, LlamaModel.generate_extra_tensors): 1 for high frequencies,
+    `factor` for wavelengths beyond n_ctx_orig / low, smoothly in between.  The defaults
+    make a tiny model's rotations differ from unscaled RoPE in most dimensions."""
+    freqs = base ** (-np.arange(0, d_head, 2, dtype=np.float64) / d_head)
+    wavelen = 2 * np.pi / freqs
+    lo_wl, hi_wl = n_ctx_orig / low, n_ctx_orig / high
+    smooth = (n_ctx_orig / wavelen - low) / (high - low)
+    out = np.where(wavelen < hi_wl, 1.0, np.where(wavelen > lo_wl, factor, 1 / ((1 - smooth) / factor + smooth)))
+    return out.astype(np.float32)
 
 
 def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
@@ -153,6 +171,15 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
             vec(p + "attn_k_norm.weight", Dh)
             vec(p + "post_attention_norm.weight", D)
             vec(p + "post_ffw_norm.weight", D)
+    if spec.rope_freqs:
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(Dh, n_ctx_orig=64))
+    if spec.rope_scale_linear:
+        w.add_string(f"{a}.rope.scaling.type", "linear")
+        w.add_float32(f"{a}.rope.scaling.factor", spec.rope_scale_linear)
+    for key, value in spec.extra_metadata:
+        {int: w.add_uint32, float: w.add_float32, str: w.add_string}[type(value)](key, value)
+    for name in spec.extra_tensors:
+        vec(name, D)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
