@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import amx, legacy_amx
+from . import cpu, legacy_amx
 from .arrays import check_activations, frozen
 from .formats import F16, F32, FLOATS, FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .legacy_ir import DECODE_ROWS, TILE, TILE_Q5_0_DECODE, TILE_ROWS, dot32_lanes
@@ -274,7 +274,7 @@ def _quant_matmul(qtype: int):
         check_activations(x, out, w.shape[0])
         if w.shape[1] != x.shape[1] // QK8 * block_bytes or x.shape[1] % QK8:
             raise ValueError(f"{FORMATS[qtype].name} weight {w.shape} does not match x {x.shape}")
-        if amx_min_m is not None and x.shape[0] >= amx_min_m and amx.available():
+        if amx_min_m is not None and x.shape[0] >= amx_min_m and cpu.tiles():
             legacy_amx.matmul(qtype, frozen(w), x, out, _vnni_matmul)   # the same bits (legacy_amx)
         else:
             _matmul_quant(qtype, frozen(w), x, out)

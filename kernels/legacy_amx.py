@@ -37,10 +37,10 @@ from .q8_act import QK8, q8_rows
 
 ROWS = 16                       # weight rows per tile (the 16 int32 columns of C)
 M_TILE = 16                     # activation rows per A tile
-# Passes of at least MIN_M rows take the tiles (benchmarks/kernels_legacy.py --amx, on Intel
-# Xeon: from 16 rows on Q4_0, Q5_0 and Q8_0 gain; the _1 formats' extra float term per block
-# left them no faster, so they stay on the VNNI tile).
+# With SPECDEC_KERNELS=amx (cpu.tiles()), passes of at least MIN_M rows take the tiles
+# (benchmarks/amx_rows.py: 0.85-1.5x the VNNI tile from 16 rows on, run to run; below, slower).
 MIN_M = {Q4_0: 16, Q5_0: 16, Q8_0: 16}
+M_CHUNK = 64                    # activation rows per pass over a tile's blocks (as legacy.M_CHUNK)
 GROUP = 4                       # blocks whose dots are all issued before the first is read
 CONFIG = amx.tile_config({0: (16, 64), 4: (16, 64),      # C: 16 rows x 16 int32
                           1: (16, 32), 5: (16, 32),      # A: 16 rows x one block of xq
@@ -148,23 +148,24 @@ def _make_driver(qtype: int):
                 for m in range(m_rows):
                     for r in range(ROWS):
                         out[m, n0 + r] = np.float32(0.0)
-                for b0 in range(0, nb, GROUP):
-                    g = min(GROUP, nb - b0)
-                    for j in range(g):
-                        decode(wf, n0 * rs, rs, b0 + j, bbuf[j * 512:], dbuf[j * ROWS:], mbuf[j * ROWS:])
-                    for m0 in range(0, mp, 2 * M_TILE):
-                        for j in range(g):         # all the group's dots before reading any
-                            amx.load_b(bbuf, j * 512, 64)
-                            a0, c0 = m0 * k + (b0 + j) * QK8, j * 8 * M_TILE * ROWS
-                            if m0 + 2 * M_TILE <= mp:
-                                amx.dot_store2(xqf, a0, k, xqf, a0 + M_TILE * k, k,
-                                               cbuf, c0, 64, cbuf, c0 + 4 * M_TILE * ROWS, 64)
-                            else:
-                                amx.dot_store(xqf, a0, k, cbuf, c0, 64)
+                for mc in range(0, mp, M_CHUNK):         # activation rows whose sums stay in L1
+                    for b0 in range(0, nb, GROUP):
+                        g = min(GROUP, nb - b0)
                         for j in range(g):
-                            update(out, n0, m0, min(m_rows, m0 + 2 * M_TILE), b0 + j, nb,
-                                   cbuf[j * 2 * M_TILE * ROWS:], dbuf[j * ROWS:], mbuf[j * ROWS:],
-                                   xsumf, xdf, xsf)
+                            decode(wf, n0 * rs, rs, b0 + j, bbuf[j * 512:], dbuf[j * ROWS:], mbuf[j * ROWS:])
+                        for m0 in range(mc, min(mp, mc + M_CHUNK), 2 * M_TILE):
+                            for j in range(g):         # all the group's dots before reading any
+                                amx.load_b(bbuf, j * 512, 64)
+                                a0, c0 = m0 * k + (b0 + j) * QK8, j * 8 * M_TILE * ROWS
+                                if m0 + 2 * M_TILE <= mp:
+                                    amx.dot_store2(xqf, a0, k, xqf, a0 + M_TILE * k, k,
+                                                   cbuf, c0, 64, cbuf, c0 + 4 * M_TILE * ROWS, 64)
+                                else:
+                                    amx.dot_store(xqf, a0, k, cbuf, c0, 64)
+                            for j in range(g):
+                                update(out, n0, m0, min(m_rows, m0 + 2 * M_TILE), b0 + j, nb,
+                                       cbuf[j * 2 * M_TILE * ROWS:], dbuf[j * ROWS:], mbuf[j * ROWS:],
+                                       xsumf, xdf, xsf)
             amx.release()
 
     return driver

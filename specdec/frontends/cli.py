@@ -603,7 +603,14 @@ def cmd_info(a) -> int:
     print(f"context:       {cfg.n_ctx_train} (trained)")
     print(f"layers:        {cfg.n_layer}, d_model {cfg.d_model}, heads {cfg.n_head} (kv {cfg.n_head_kv}), "
           f"head {cfg.d_head}, ffn {cfg.d_ff}")
-    print(f"rope:          base {cfg.rope_base:g}, dims {cfg.rope_dim}, {'neox' if cfg.rope_type else 'norm'}")
+    scaling = [f"linear x{1 / cfg.rope_freq_scale:g}"] if cfg.rope_freq_scale != 1.0 else []
+    if "rope_freqs.weight" in gf.tensors:
+        scaling.append("rope_freqs (Llama 3.1 frequency factors)")
+    print(f"rope:          base {cfg.rope_base:g}, dims {cfg.rope_dim}, {'neox' if cfg.rope_type else 'norm'}"
+          f"{', scaling: ' + ', '.join(scaling) if scaling else ''}")
+    if cfg.sliding_window:
+        print(f"sliding window: {cfg.sliding_window} tokens on 5 of every {cfg.swa_period} layers "
+              f"(local RoPE base {cfg.rope_base_local:g})")
     print(f"tokenizer:     {tok.vocab_type} ({gf.get('tokenizer.ggml.model')}, pre {tok.pre!r}), "
           f"{tok.n_vocab} tokens, BOS {tok.bos_id} (add: {tok.add_bos}), EOS {tok.eos_id}")
     print("tensor types:")
