@@ -7,13 +7,15 @@ from dataclasses import dataclass
 from ..errors import GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma3")
 MAX_COUNT = 1 << 24      # bound on every integer hyper-parameter (layers, widths, context)
 
 # RoPE variants, as llama.cpp's llama_model_rope_type assigns them:
 # NORM rotates adjacent pairs (x[2i], x[2i+1]); NEOX rotates halves (x[i], x[i + d/2]).
 ROPE_NORM, ROPE_NEOX = 0, 2
-_ROPE_TYPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX, "gemma3": ROPE_NEOX}
+_ROPE_TYPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "phi3": ROPE_NEOX,
+              "smollm3": ROPE_NORM, "gemma3": ROPE_NEOX}
+NO_ROPE_PERIOD = {"smollm3": 4}   # layer il skips RoPE iff (il + 1) % period == 0 (hparams.n_no_rope_layer_step)
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,15 @@ class ModelConfig:
     embed_scale: float = 1.0         # token embeddings are multiplied by this (gemma: sqrt(d_model))
     final_logit_softcap: float = 0.0  # gemma3: logits = c * tanh(logits / c) when c > 0
     rope_freq_scale: float = 1.0     # linear RoPE scaling: every angle times this (1 / factor)
+    no_rope_period: int = 0          # smollm3: every 4th layer has no RoPE (0: every layer rotates)
 
     @property
     def n_rep(self) -> int:
         """Query heads per key/value head (grouped-query attention)."""
         return self.n_head // self.n_head_kv
+
+    def uses_rope(self, il: int) -> bool:
+        return self.no_rope_period == 0 or (il + 1) % self.no_rope_period != 0
 
     def is_local_layer(self, il: int) -> bool:
         return self.sliding_window > 0 and (il + 1) % self.swa_period != 0
@@ -120,6 +126,7 @@ class ModelConfig:
             embed_scale=math.sqrt(d_model) if arch == "gemma3" else 1.0,
             final_logit_softcap=softcap,
             rope_freq_scale=1.0 if arch == "gemma3" else _linear_rope_scale(gf, arch, key),
+            no_rope_period=NO_ROPE_PERIOD.get(arch, 0),
         )
 
 

@@ -50,18 +50,19 @@ class Linear:
 @dataclass(frozen=True)
 class Layer:
     attn_norm: np.ndarray            # (D,)
-    wq: Linear                       # (D) -> (H * Dh)
-    wk: Linear                       # (D) -> (Hkv * Dh)
-    wv: Linear                       # (D) -> (Hkv * Dh)
+    wq: Linear | None                # (D) -> (H * Dh)     (None: fused in wqkv)
+    wk: Linear | None                # (D) -> (Hkv * Dh)
+    wv: Linear | None                # (D) -> (Hkv * Dh)
     wo: Linear                       # (H * Dh) -> (D)
     ffn_norm: np.ndarray             # (D,)
-    w_gate: Linear                   # (D) -> (F)
-    w_up: Linear                     # (D) -> (F)
+    w_gate: Linear | None            # (D) -> (F)          (None: phi3's w_up holds it)
+    w_up: Linear                     # (D) -> (F), phi3: (D) -> (2F) = [gate | up]
     w_down: Linear                   # (F) -> (D)
-    q_norm: np.ndarray | None = None          # (Dh,)  gemma3
-    k_norm: np.ndarray | None = None          # (Dh,)  gemma3
+    q_norm: np.ndarray | None = None          # (Dh,)  gemma3, qwen3
+    k_norm: np.ndarray | None = None          # (Dh,)  gemma3, qwen3
     post_attn_norm: np.ndarray | None = None  # (D,)   gemma3
     post_ffn_norm: np.ndarray | None = None   # (D,)   gemma3
+    wqkv: Linear | None = None                # (D) -> ((H + 2 Hkv) * Dh): attn_qkv (phi3)
 
 
 @dataclass(frozen=True)
@@ -126,21 +127,25 @@ class Weights:
         layers = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
-            gemma = cfg.arch == "gemma3"
+            gemma, qk_norm = cfg.arch == "gemma3", cfg.arch in ("gemma3", "qwen3")
+            fused_qkv, fused_ffn = p + "attn_qkv.weight" in gf.tensors, cfg.arch == "phi3"
+            qkv = ((None,) * 3 if fused_qkv else
+                   tuple(lin(p + f"attn_{n}.weight", D, size, bias=True, exact=float_act)
+                         for n, size in (("q", H * Dh), ("k", Hkv * Dh), ("v", Hkv * Dh))))
             layers.append(Layer(
                 attn_norm=vec(p + "attn_norm.weight", D),
-                wq=lin(p + "attn_q.weight", D, H * Dh, bias=True, exact=float_act),
-                wk=lin(p + "attn_k.weight", D, Hkv * Dh, bias=True, exact=float_act),
-                wv=lin(p + "attn_v.weight", D, Hkv * Dh, bias=True, exact=float_act),
+                wq=qkv[0], wk=qkv[1], wv=qkv[2],
                 wo=lin(p + "attn_output.weight", H * Dh, D, exact=float_act),
                 ffn_norm=vec(p + "ffn_norm.weight", D),
-                w_gate=lin(p + "ffn_gate.weight", D, F, exact=float_act),
-                w_up=lin(p + "ffn_up.weight", D, F, exact=float_act),
+                w_gate=None if fused_ffn else lin(p + "ffn_gate.weight", D, F, exact=float_act),
+                w_up=lin(p + "ffn_up.weight", D, 2 * F if fused_ffn else F, exact=float_act),
                 w_down=lin(p + "ffn_down.weight", F, D, exact=float_act),
-                q_norm=vec(p + "attn_q_norm.weight", Dh) if gemma else None,
-                k_norm=vec(p + "attn_k_norm.weight", Dh) if gemma else None,
+                q_norm=vec(p + "attn_q_norm.weight", Dh) if qk_norm else None,
+                k_norm=vec(p + "attn_k_norm.weight", Dh) if qk_norm else None,
                 post_attn_norm=vec(p + "post_attention_norm.weight", D) if gemma else None,
                 post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if gemma else None,
+                wqkv=lin(p + "attn_qkv.weight", D, (H + 2 * Hkv) * Dh, bias=True, exact=float_act)
+                if fused_qkv else None,
             ))
         emb = lin("token_embd.weight", D, V, table=True)             # also read by row lookup
         if "output.weight" in gf.tensors:
@@ -164,6 +169,29 @@ def _refuse_unread(gf: GGUFFile, seen: set[str]) -> None:
         more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
         raise UnsupportedModelError(f"{gf.path}: tensor {unread[0]!r}{more} is not used by specdec's "
                                     f"{gf.get('general.architecture')} forward pass")
+
+
+def _qkv(L: Layer, h: np.ndarray, H: int, Hkv: int, Dh: int):
+    """q (M, H, Dh), k, v (M, Hkv, Dh) from the normed input h (M, D): three matmuls, or one
+    fused attn_qkv split in that order (as llama.cpp's build_qkv)."""
+    M = h.shape[0]
+    if L.wqkv is None:
+        return L.wq(h).reshape(M, H, Dh), L.wk(h).reshape(M, Hkv, Dh), L.wv(h).reshape(M, Hkv, Dh)
+    qkv = L.wqkv(h)                                                              # (M, (H + 2 Hkv) Dh)
+    ends = np.cumsum([H * Dh, Hkv * Dh])
+    q, k, v = np.split(qkv, ends, axis=1)
+    return (np.ascontiguousarray(q).reshape(M, H, Dh), np.ascontiguousarray(k).reshape(M, Hkv, Dh),
+            np.ascontiguousarray(v).reshape(M, Hkv, Dh))
+
+
+def _gate_up(L: Layer, h: np.ndarray):
+    """gate, up (M, F) each: two matmuls, or phi3's one ffn_up whose first half is the gate
+    (ggml_swiglu: silu of the first half times the second)."""
+    if L.w_gate is not None:
+        return L.w_gate(h), L.w_up(h)
+    gu = L.w_up(h)                                                               # (M, 2F)
+    F = gu.shape[1] // 2
+    return np.ascontiguousarray(gu[:, :F]), np.ascontiguousarray(gu[:, F:])
 
 
 def rope_factors(cfg: ModelConfig, w: Weights, local: bool) -> np.ndarray:
@@ -248,9 +276,7 @@ def _forward(cfg: ModelConfig, w: Weights, items, head: Linear | None,
     rope_cs: dict[tuple, np.ndarray] = {}                                        # (base, local) -> cos, sin
     for il, L in enumerate(w.layers):
         rms_norm(x, L.attn_norm, cfg.norm_eps, h)
-        q = L.wq(h).reshape(M, H, Dh)                                            # (M, H, Dh)
-        k = L.wk(h).reshape(M, Hkv, Dh)                                          # (M, Hkv, Dh)
-        v = L.wv(h).reshape(M, Hkv, Dh)                                          # (M, Hkv, Dh)
+        q, k, v = _qkv(L, h, H, Hkv, Dh)                # (M, H, Dh), (M, Hkv, Dh), (M, Hkv, Dh)
         if L.q_norm is not None:
             rms_norm_heads(q, L.q_norm, cfg.norm_eps)
             rms_norm_heads(k, L.k_norm, cfg.norm_eps)
@@ -259,8 +285,9 @@ def _forward(cfg: ModelConfig, w: Weights, items, head: Linear | None,
         if (base, local) not in rope_cs:
             rope_cs[base, local] = rope_cos_sin(pos, cfg.rope_dim, base, 1.0 if local else cfg.rope_freq_scale,
                                                 rope_factors(cfg, w, local))     # (M, rope_dim/2, 2)
-        rope_apply(q, rope_cs[base, local], neox)                                # row m at pos[m]
-        rope_apply(k, rope_cs[base, local], neox)
+        if cfg.uses_rope(il):                        # smollm3: every 4th layer has none
+            rope_apply(q, rope_cs[base, local], neox)                            # row m at pos[m]
+            rope_apply(k, rope_cs[base, local], neox)
         if gemma:                    # llama.cpp scales Q, then attends with kq_scale 1
             q *= np.float32(cfg.attn_scale)
         for (cache, _, start, _), r in zip(items, rows):
@@ -276,7 +303,7 @@ def _forward(cfg: ModelConfig, w: Weights, items, head: Linear | None,
             rms_norm(o, L.post_attn_norm, cfg.norm_eps, o)
         x += o
         rms_norm(x, L.ffn_norm, cfg.norm_eps, h)
-        gate, up = L.w_gate(h), L.w_up(h)                                        # (M, F) each
+        gate, up = _gate_up(L, h)                                                # (M, F) each
         (geglu if gemma else swiglu)(gate, up, gate)
         f = L.w_down(gate)                                                       # (M, D)
         if L.post_ffn_norm is not None:

@@ -608,6 +608,8 @@ def cmd_info(a) -> int:
         scaling.append("rope_freqs (Llama 3.1 frequency factors)")
     print(f"rope:          base {cfg.rope_base:g}, dims {cfg.rope_dim}, {'neox' if cfg.rope_type else 'norm'}"
           f"{', scaling: ' + ', '.join(scaling) if scaling else ''}")
+    if cfg.no_rope_period:
+        print(f"no RoPE:       on layers {', '.join(str(i) for i in range(cfg.n_layer) if not cfg.uses_rope(i))}")
     if cfg.sliding_window:
         print(f"sliding window: {cfg.sliding_window} tokens on 5 of every {cfg.swa_period} layers "
               f"(local RoPE base {cfg.rope_base_local:g})")

@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as T
 
 @dataclass(frozen=True)
 class TinySpec:
-    arch: str = "llama"          # llama | qwen2 | gemma3
+    arch: str = "llama"          # llama | qwen2 | qwen3 | phi3 | smollm3 | gemma3
     n_vocab: int = 48
     d_model: int = 64
     n_layer: int = 2
@@ -155,17 +155,26 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     for i in range(spec.n_layer):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", D)
-        mat(p + "attn_q.weight", H * Dh, D, 1 / np.sqrt(D))
-        mat(p + "attn_k.weight", Hkv * Dh, D, 1 / np.sqrt(D))
-        mat(p + "attn_v.weight", Hkv * Dh, D, 1 / np.sqrt(D))
+        if a == "phi3":                               # fused q | k | v and gate | up
+            mat(p + "attn_qkv.weight", (H + 2 * Hkv) * Dh, D, 1 / np.sqrt(D))
+        else:
+            mat(p + "attn_q.weight", H * Dh, D, 1 / np.sqrt(D))
+            mat(p + "attn_k.weight", Hkv * Dh, D, 1 / np.sqrt(D))
+            mat(p + "attn_v.weight", Hkv * Dh, D, 1 / np.sqrt(D))
         if a == "qwen2":
             for n, size in (("q", H * Dh), ("k", Hkv * Dh), ("v", Hkv * Dh)):
                 vec(p + f"attn_{n}.bias", size, around=0.0, std=0.1)
         mat(p + "attn_output.weight", D, H * Dh, 1 / np.sqrt(H * Dh))
         vec(p + "ffn_norm.weight", D)
-        mat(p + "ffn_gate.weight", F, D, 1 / np.sqrt(D))
-        mat(p + "ffn_up.weight", F, D, 1 / np.sqrt(D))
+        if a == "phi3":
+            mat(p + "ffn_up.weight", 2 * F, D, 1 / np.sqrt(D))
+        else:
+            mat(p + "ffn_gate.weight", F, D, 1 / np.sqrt(D))
+            mat(p + "ffn_up.weight", F, D, 1 / np.sqrt(D))
         mat(p + "ffn_down.weight", D, F, 1 / np.sqrt(F))
+        if a == "qwen3":
+            vec(p + "attn_q_norm.weight", Dh)
+            vec(p + "attn_k_norm.weight", Dh)
         if a == "gemma3":
             vec(p + "attn_q_norm.weight", Dh)
             vec(p + "attn_k_norm.weight", Dh)
