@@ -80,7 +80,7 @@ def reference_forward(gf, cfg, tokens, *, rope_every_layer=False, swap_ffn=False
             s = np.where(p[None, :] <= p[:, None], q[:, hh] @ k[:, kv].T / math.sqrt(Dh), -np.inf)
             e = np.exp(s - s.max(-1, keepdims=True))
             att[:, hh] = (e / e.sum(-1, keepdims=True)) @ v[:, kv]
-        x = x + att.reshape(M, H * Dh) @ t(b + "attn_output.weight").T
+        x = x + lin(att.reshape(M, H * Dh), b + "attn_output")
         h = rms(x, t(b + "ffn_norm.weight"))
         if has(b + "ffn_gate.weight"):
             g, u = lin(h, b + "ffn_gate"), lin(h, b + "ffn_up")
@@ -88,7 +88,7 @@ def reference_forward(gf, cfg, tokens, *, rope_every_layer=False, swap_ffn=False
             g, u = np.split(lin(h, b + "ffn_up"), 2, axis=1)
             if swap_ffn:
                 g, u = u, g
-        x = x + (g / (1 + np.exp(-g)) * u) @ t(b + "ffn_down.weight").T
+        x = x + lin(g / (1 + np.exp(-g)) * u, b + "ffn_down")
     out = t("output.weight") if has("output.weight") else t("token_embd.weight")
     return rms(x, t("output_norm.weight")) @ out.T
 
@@ -101,11 +101,20 @@ def _spec(arch: str, **kw) -> TinySpec:
     return TinySpec(arch=arch, n_layer=4 if arch == "smollm3" else 2, **kw)
 
 
-@pytest.mark.parametrize("arch", ("llama", "qwen2") + NEW)
+@pytest.mark.parametrize("arch", ("llama", "qwen2", "mistral3") + NEW)
 def test_forward_follows_llamacpp_graph(tiny_model, arch):
     m = tiny_model(_spec(arch, seed=3))
     ours = m.session(64).eval(TOKENS).astype(np.float64)
     assert _close(ours, reference_forward(m.gguf, m.config, TOKENS))
+
+
+def test_llama_biases_are_read(tiny_model):
+    """llama / mistral3 files may carry attn_output and ffn biases (llama.cpp loads them)."""
+    names = ("blk.0.attn_output.bias", "blk.1.ffn_down.bias")
+    m = tiny_model(_spec("llama", seed=3, extra_tensors=names))
+    ours = m.session(64).eval(TOKENS).astype(np.float64)
+    assert _close(ours, reference_forward(m.gguf, m.config, TOKENS))
+    assert m.weights.layers[0].wo.bias is not None
 
 
 def test_each_new_rule_matters(tiny_model):

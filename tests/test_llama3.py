@@ -116,11 +116,13 @@ def test_the_factors_follow_the_converter():
 
 @pytest.mark.parametrize("spec, named", [
     (TinySpec(arch="qwen2", rope_freqs=True), "rope_freqs.weight"),               # not read by qwen2
-    (TinySpec(arch="llama", extra_tensors=("blk.0.attn_output.bias",)), "blk.0.attn_output.bias"),
+    (TinySpec(arch="qwen3", extra_tensors=("blk.0.attn_output.bias",)), "blk.0.attn_output.bias"),
     (TinySpec(arch="llama", extra_tensors=("blk.1.attn_q_norm.weight",)), "blk.1.attn_q_norm.weight"),
     (TinySpec(arch="llama", extra_metadata=(("llama.rope.scaling.type", "yarn"),
                                             ("llama.rope.scaling.factor", 4.0))), "yarn"),
     (TinySpec(arch="llama", extra_metadata=(("llama.expert_count", 8),)), "llama.expert_count"),
+    (TinySpec(arch="mistral3", extra_metadata=(("mistral3.attention.temperature_scale", 0.1),)),
+     "temperature_scale"),
     (TinySpec(arch="llama", extra_metadata=(("llama.attn_logit_softcapping", 50.0),)), "attn_logit_softcapping"),
     (TinySpec(arch="qwen2", extra_metadata=(("qwen2.final_logit_softcapping", 30.0),)), "final_logit_softcapping"),
 ])

@@ -381,3 +381,24 @@ def test_incremental_ids_of_the_real_vocabularies_equal_encoding_the_whole_text(
                 data = text.sync(ids[:n])
                 got = tt.sync(data)
             assert got == d_tok.encode(data.decode(), bos=False), prompt[:40]
+
+
+def test_compat_follows_llamacpp_rules():
+    """common_speculative_are_compatible: vocab type; add-BOS / add-EOS flags, and the ids
+    only where they are added; sizes within 128; token texts from id 5 on."""
+    from types import SimpleNamespace
+    from specdec.speculation.compat import vocab_differences
+
+    def tok(**kw):
+        base = dict(vocab_type="bpe", bos_id=1, eos_id=2, add_bos=False, add_eos=False,
+                    tokens=[f"t{i}" for i in range(300)])
+        return SimpleNamespace(**{**base, **kw})
+    t = tok()
+    assert vocab_differences(t, tok(eos_id=7, bos_id=9)) == []        # neither adds them
+    assert vocab_differences(t, tok(tokens=t.tokens[:200])) == []     # 100 apart: within 128
+    assert vocab_differences(tok(add_bos=True), tok(add_bos=True, bos_id=9)) == ["BOS id 1 vs 9"]
+    assert vocab_differences(t, tok(add_eos=True)) == ["add-EOS flag False vs True"]
+    assert vocab_differences(t, tok(vocab_type="spm")) == ["vocab type 'bpe' vs 'spm'"]
+    assert "more than 128 apart" in vocab_differences(t, tok(tokens=t.tokens[:100]))[0]
+    assert vocab_differences(t, tok(tokens=["x"] * 5 + t.tokens[5:])) == []   # ids < 5 unchecked
+    assert "1 token texts differ" in vocab_differences(t, tok(tokens=t.tokens[:6] + ["y"] + t.tokens[7:]))[0]

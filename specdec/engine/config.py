@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from ..errors import GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma3")
+SUPPORTED_ARCHS = ("llama", "mistral3", "qwen2", "qwen3", "phi3", "smollm3", "gemma3")
 MAX_COUNT = 1 << 24      # bound on every integer hyper-parameter (layers, widths, context)
 
 # RoPE variants, as llama.cpp's llama_model_rope_type assigns them:
 # NORM rotates adjacent pairs (x[2i], x[2i+1]); NEOX rotates halves (x[i], x[i + d/2]).
 ROPE_NORM, ROPE_NEOX = 0, 2
-_ROPE_TYPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "phi3": ROPE_NEOX,
+_ROPE_TYPE = {"llama": ROPE_NORM, "mistral3": ROPE_NORM, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "phi3": ROPE_NEOX,
               "smollm3": ROPE_NORM, "gemma3": ROPE_NEOX}
 NO_ROPE_PERIOD = {"smollm3": 4}   # layer il skips RoPE iff (il + 1) % period == 0 (hparams.n_no_rope_layer_step)
 
@@ -149,7 +149,8 @@ def _linear_rope_scale(gf: GGUFFile, arch: str, key) -> float:
 def _refuse_unimplemented(gf: GGUFFile, arch: str, key) -> None:
     """Metadata that changes the computation in ways this engine does not implement: an
     UnsupportedModelError naming the key, never a silently different model."""
-    for name in ("expert_count", "attn_logit_softcapping", "final_logit_softcapping"):
+    for name in ("expert_count", "attn_logit_softcapping", "final_logit_softcapping",
+                 "attention.temperature_scale"):
         if name == "final_logit_softcapping" and arch == "gemma3":
             continue
         v = key(name, 0)

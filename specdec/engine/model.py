@@ -1,7 +1,10 @@
 """The transformer: weights as zero-copy views of the GGUF file, one `forward`, and a Session.
 
-Architectures: llama, qwen2 (QKV biases, NEOX RoPE) and gemma3 (scaled embeddings, q/k norms,
+Architectures: llama and mistral3 (Llama 3.1's rope_freqs; optional output and FFN biases),
+qwen2 (QKV biases, NEOX RoPE), qwen3 (q/k norms, NEOX), phi3 (fused attn_qkv and gate|up,
+NEOX), smollm3 (no RoPE on every 4th layer) and gemma3 (scaled embeddings, q/k norms,
 post-attention / post-FFN norms, GeGLU, sliding-window local layers with their own RoPE base).
+A tensor the forward pass does not read is refused by name (never silently left out).
 `forward` processes M new tokens at once and returns logits for every one of them; every
 kernel it calls is row-independent, so a row's logits are the same bits for any M.
 """
@@ -129,17 +132,18 @@ class Weights:
             p = f"blk.{i}."
             gemma, qk_norm = cfg.arch == "gemma3", cfg.arch in ("gemma3", "qwen3")
             fused_qkv, fused_ffn = p + "attn_qkv.weight" in gf.tensors, cfg.arch == "phi3"
+            biases = cfg.arch in ("llama", "mistral3")   # optional wo / ffn biases (llama.cpp's llama)
             qkv = ((None,) * 3 if fused_qkv else
                    tuple(lin(p + f"attn_{n}.weight", D, size, bias=True, exact=float_act)
                          for n, size in (("q", H * Dh), ("k", Hkv * Dh), ("v", Hkv * Dh))))
             layers.append(Layer(
                 attn_norm=vec(p + "attn_norm.weight", D),
                 wq=qkv[0], wk=qkv[1], wv=qkv[2],
-                wo=lin(p + "attn_output.weight", H * Dh, D, exact=float_act),
+                wo=lin(p + "attn_output.weight", H * Dh, D, bias=biases, exact=float_act),
                 ffn_norm=vec(p + "ffn_norm.weight", D),
-                w_gate=None if fused_ffn else lin(p + "ffn_gate.weight", D, F, exact=float_act),
-                w_up=lin(p + "ffn_up.weight", D, 2 * F if fused_ffn else F, exact=float_act),
-                w_down=lin(p + "ffn_down.weight", F, D, exact=float_act),
+                w_gate=None if fused_ffn else lin(p + "ffn_gate.weight", D, F, bias=biases, exact=float_act),
+                w_up=lin(p + "ffn_up.weight", D, 2 * F if fused_ffn else F, bias=biases, exact=float_act),
+                w_down=lin(p + "ffn_down.weight", F, D, bias=biases, exact=float_act),
                 q_norm=vec(p + "attn_q_norm.weight", Dh) if qk_norm else None,
                 k_norm=vec(p + "attn_k_norm.weight", Dh) if qk_norm else None,
                 post_attn_norm=vec(p + "post_attention_norm.weight", D) if gemma else None,

@@ -15,13 +15,20 @@ _SHOWN = 3                        # differing token ids quoted in the message
 def vocab_differences(target, draft) -> list[str]:
     """Every way the two tokenizers differ that would break exact speculation.
 
-    target, draft: specdec.tokenizer.Tokenizer (vocab_type, bos_id, eos_id, add_bos, tokens)."""
+    target, draft: specdec.tokenizer.Tokenizer (vocab_type, bos_id, eos_id, add_bos, add_eos,
+    tokens).  A pair llama.cpp accepts passes: a BOS or EOS id that neither side adds may
+    differ (an instruct target's end of turn beside a base draft's), as there."""
     diffs = []
-    for attr, label in (("vocab_type", "vocab type"), ("bos_id", "BOS id"),
-                        ("eos_id", "EOS id"), ("add_bos", "add-BOS flag")):
-        a, b = getattr(target, attr), getattr(draft, attr)
-        if a != b:
-            diffs.append(f"{label} {a!r} vs {b!r}")
+    if target.vocab_type != draft.vocab_type:
+        diffs.append(f"vocab type {target.vocab_type!r} vs {draft.vocab_type!r}")
+    # BOS / EOS as llama.cpp compares them: the add flags, and the id only where it is added
+    for kind in ("bos", "eos"):
+        add_t, add_d = getattr(target, f"add_{kind}"), getattr(draft, f"add_{kind}")
+        id_t, id_d = getattr(target, f"{kind}_id"), getattr(draft, f"{kind}_id")
+        if add_t != add_d:
+            diffs.append(f"add-{kind.upper()} flag {add_t!r} vs {add_d!r}")
+        elif add_t and id_t != id_d:
+            diffs.append(f"{kind.upper()} id {id_t!r} vs {id_d!r}")
     nt, nd = len(target.tokens), len(draft.tokens)
     if abs(nt - nd) > VOCAB_MAX_SIZE_DIFFERENCE:
         diffs.append(f"vocab size {nt} vs {nd} (more than {VOCAB_MAX_SIZE_DIFFERENCE} apart)")
