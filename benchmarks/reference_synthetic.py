@@ -29,7 +29,7 @@ F32, Q8_0 = 0, 8
 SPECS = {   # name -> TinySpec; 4 layers so that smollm3 has a layer without RoPE
     f"{arch}-{'f32' if qt == F32 else 'q8_0'}": TinySpec(arch=arch, n_layer=4, qtype=qt, seed=21, n_ctx=256,
                                                           rope_freqs=arch == "llama")
-    for arch in ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma3") for qt in (F32, Q8_0)
+    for arch in ("llama", "mistral3", "qwen2", "qwen3", "phi3", "smollm3", "gemma3") for qt in (F32, Q8_0)
 }
 
 

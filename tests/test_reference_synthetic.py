@@ -69,5 +69,5 @@ def test_logits_and_greedy_agree_with_llamacpp(models, name):
 
 def test_every_architecture_is_covered():
     archs = {rec["spec"]["arch"] for rec in REF["models"].values()}
-    assert archs == {"llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma3"}
+    assert archs == {"llama", "mistral3", "qwen2", "qwen3", "phi3", "smollm3", "gemma3"}
     assert any(rec["spec"].get("rope_freqs") for rec in REF["models"].values())
