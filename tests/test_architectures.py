@@ -156,8 +156,11 @@ def test_quantized_files_run_every_pass_kind(tiny_model, arch, qtype):
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=st.lists(st.integers(1, 46), min_size=1, max_size=10), draft_n=st.integers(1, 6))
 def test_greedy_speculative_equals_plain(tiny_model, arch, prompt, draft_n):
+    """Linear drafts and token trees (K = 3): batch, tree and one-row passes all agree."""
     target, draft = tiny_model(_spec(arch, seed=5)), tiny_model(_spec(arch, seed=9))
     assert_greedy_identical(target, [prompt], 16, draft=draft, draft_n=draft_n, ignore_eos=True)
+    assert_greedy_identical(target, [prompt], 16, draft=draft, draft_n=draft_n, draft_tree=3,
+                            ignore_eos=True)
 
 
 def test_a_phi3_file_with_longrope_factors_is_refused(tmp_path):
