@@ -16,7 +16,8 @@ from . import hub, kernels
 from .engine.config import ModelConfig
 from .speculation.drafters import Drafter, SuffixStore
 from .errors import ConfigError, GGUFError
-from .engine.gguf_file import GGUFFile
+from .engine import prepared, resources
+from .engine.gguf_file import GGUFFile, should_map
 from .engine.model import ModelSession, Weights
 from .engine.requant import Requant
 from .speculation.policies import DraftPolicy
@@ -27,6 +28,16 @@ from .tokenizer import Tokenizer
 from .speculation.trace import TraceSink
 
 DEFAULT_N_CTX = 4096
+
+
+def _load_prepared(path: str, params: str, mmap: bool | None) -> prepared.Prepared | None:
+    """An earlier load's prepared weights (engine/prepared.py); its in-memory image only where
+    this load reads the file into memory (mmap False, or None and the file fits)."""
+    cached = prepared.load(path, params, want_image=mmap is False or (
+        mmap is None and not should_map(os.path.getsize(path), resources.available_bytes())))
+    if cached is not None and cached.image is None:
+        cached.rewritten = {}
+    return cached
 
 
 class Model:
@@ -41,14 +52,20 @@ class Model:
             raise ConfigError(str(e)) from None
         self.path = str(path)
         self.name = os.path.basename(self.path)
-        self.gguf = GGUFFile(path, mmap=mmap)
+        params = f"activations={activations}|requant={requant!r}"     # what preparation depends on
+        cached = _load_prepared(self.path, params, mmap)
+        self.gguf = GGUFFile(path, mmap=mmap, image=None if cached is None else cached.image)
         self.config = ModelConfig.from_gguf(self.gguf)
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata, self.path)
         if self.tokenizer.n_vocab > self.config.n_vocab:
             raise GGUFError(f"{self.path}: the vocabulary has {self.tokenizer.n_vocab} tokens but "
                             f"token_embd.weight only {self.config.n_vocab} rows")
         self.requant = requant          # what was converted at load (None: weights as stored)
-        self.weights = Weights.from_gguf(self.gguf, self.config, activations, requant)
+        record = None if cached is not None else prepared.Prepared()
+        self.weights = Weights.from_gguf(self.gguf, self.config, activations, requant, cached, record)
+        if record:                      # first load: keep what was prepared for the next one
+            record.image = self.gguf.image if self.gguf.in_memory else None
+            prepared.save(self.path, params, record)
         self.n_ctx = int(n_ctx or min(DEFAULT_N_CTX, self.config.n_ctx_train))
 
     def __repr__(self) -> str:

@@ -19,6 +19,9 @@ the end-of-generation set.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+
 import codecs
 import re
 from dataclasses import dataclass
@@ -133,6 +136,18 @@ def _int_or_none(meta: Mapping[str, object], key: str) -> int | None:
     return None if v is None else int(v)
 
 
+_BUILT: dict[bytes, "Tokenizer"] = {}      # vocabulary digest -> the Tokenizer built from it
+
+
+def _vocab_key(meta: Mapping[str, object]) -> bytes:
+    """Digest of every tokenizer.* metadata value but the chat templates: equal digests build
+    equal tokenizers up to the template (an instruct target and a base draft differ there)."""
+    h = hashlib.sha256()
+    for key in sorted(k for k in meta if k.startswith("tokenizer.") and not k.startswith("tokenizer.chat_template")):
+        h.update(key.encode() + b"\x00" + repr(meta[key]).encode("utf-8", "surrogatepass") + b"\x01")
+    return h.digest()
+
+
 @dataclass(frozen=True, eq=False, repr=False)
 class Tokenizer:
     """A GGUF vocabulary as llama.cpp loads it.
@@ -174,12 +189,21 @@ class Tokenizer:
     def from_metadata(cls, meta: Mapping[str, object], source: str) -> Tokenizer:
         """Build from GGUF metadata (key -> value) as llama_vocab::impl::load does;
         `source` names the file in errors.  Metadata of the wrong type (a string where ids
-        are, a number where a list is) is a one-line TokenizerError too."""
+        are, a number where a list is) is a one-line TokenizerError too.  Built once per
+        process per vocabulary: a draft of the target's family reuses the target's (its
+        backend alone takes about a second for a 150k-token BPE vocabulary)."""
+        key = _vocab_key(meta)
+        if key in _BUILT:
+            template = meta.get("tokenizer.chat_template")
+            return dataclasses.replace(_BUILT[key], source=source,
+                                       chat_template=None if template is None else str(template))
         try:
-            return cls._from_metadata(meta, source)
+            tok = cls._from_metadata(meta, source)
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as e:
             raise TokenizerError(f"{source}: malformed tokenizer metadata "
                                  f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
+        _BUILT[key] = tok
+        return tok
 
     @classmethod
     def _from_metadata(cls, meta: Mapping[str, object], source: str) -> Tokenizer:

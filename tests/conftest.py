@@ -5,6 +5,7 @@ fetched on first use like `specdec pull` would; SPECDEC_OFFLINE=1 skips those te
 """
 from __future__ import annotations
 
+import os
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -12,6 +13,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# The suite loads many files once each: no prepared-weights folders in the user's cache
+# (tests/test_prepared.py turns them on, in a folder of its own).  Subprocesses inherit it.
+os.environ.setdefault("SPECDEC_PREPARED", "0")
 
 from helpers import real_model_path  # noqa: E402
 from synth import TinySpec, write_tiny_model  # noqa: E402

@@ -196,8 +196,14 @@ class GGUFFile:
         float32 (…, K) for F32, float16 (…, K) for F16, uint8 (rows, row_bytes) otherwise.
     """
 
-    def __init__(self, path: str | os.PathLike, mmap: bool | None = True):
+    def __init__(self, path: str | os.PathLike, mmap: bool | None = True, image: np.ndarray | None = None):
+        """image: the file's bytes already in process memory (engine/prepared.py: the file as
+        a previous load left it, rewritten tensors included); read instead of the file."""
         self.path = str(path)
+        if image is not None:
+            self.file_size, self._mm = len(image), image
+            self.metadata, self.tensors, self.data_start = self._parse(memoryview(self._mm))
+            return
         p = Path(path)
         if not p.exists():
             raise GGUFError(f"{self.path}: no such file")
@@ -291,6 +297,11 @@ class GGUFFile:
             return raw.view(np.float16).reshape(info.shape)
         n_rows = int(np.prod(info.dims[1:], dtype=np.int64))
         return raw.reshape(n_rows, info.n_bytes // n_rows)               # (rows, row_bytes)
+
+    @property
+    def image(self) -> np.ndarray:
+        """The file's bytes as this process holds them (mapped, or the in-memory copy)."""
+        return self._mm
 
     @property
     def in_memory(self) -> bool:

@@ -27,6 +27,7 @@ from ..errors import ConfigError, GGUFError, NumericalError, UnsupportedModelErr
 from .gguf_file import GGUFFile
 from ..interfaces import Session
 from .kv_cache import KVCache
+from .prepared import Prepared
 from .requant import Requant, convert, narrows
 
 
@@ -79,13 +80,16 @@ class Weights:
 
     @classmethod
     def from_gguf(cls, gf: GGUFFile, cfg: ModelConfig, activations: str = "auto",
-                  requant: Requant | None = None) -> "Weights":
+                  requant: Requant | None = None, prepared: Prepared | None = None,
+                  record: Prepared | None = None) -> "Weights":
         """activations: "q8" rounds each matmul's input to 8 bits per block as llama.cpp does
         (faster); "float" keeps the layers' activations in float32 (the output head always
         rounds); "auto" is "float" for gemma3, whose post-norms make the rounding chaotic
         (kernels/float_act.py), and "q8" otherwise.
         requant: convert the layers' matmul weights and/or the output head into a narrower
-        format in process memory (engine/requant.py); the embedding lookup table stays."""
+        format in process memory (engine/requant.py); the embedding lookup table stays.
+        prepared: what an earlier load prepared (engine/prepared.py; gf reads its image when
+        it has one): used as it is; record: filled with what this load prepares."""
         if activations not in ("auto", "q8", "float"):
             raise ConfigError(f"activations must be 'auto', 'q8' or 'float', not {activations!r}")
         float_act = activations == "float" or (activations == "auto" and cfg.arch == "gemma3")
@@ -110,21 +114,18 @@ class Weights:
                 raise UnsupportedModelError(
                     f"{gf.path}: tensor {name!r} has unsupported type {t.type_name}")
             b = opt_vec(name.replace(".weight", ".bias"), n_out) if bias else None
-            w, qtype = gf.tensor(name), t.ggml_type
-            dst = None if requant is None or (table and not head) else requant.target_for(name)
-            if narrows(qtype, dst) and n_in % 32 == 0:     # (Q4_0 / Q5_0 / Q8_0 blocks of 32)
-                # a new array in process memory: repacked below like an in-memory file's
-                w, qtype = convert(w, qtype, dst, n_in), dst
-                if not exact and repack.can_repack(qtype, n_out):
-                    w, qtype = repack.repack(w, qtype), repack.REPACKED[qtype]
-            elif (gf.in_memory and not exact and repack.can_repack(qtype, n_out)
-                  and (not table or (repack.REPACKED[qtype] in kernels.GET_ROWS
-                                     and not narrows(qtype, requant and requant.head)))):
-                # weights in process memory: rewrite in place (legacy: one stream per 8 rows;
-                # K-quants: codes in the kernels' lane order, a table too unless a requantized
-                # head is to be made from its stored bytes)
-                w = gf.rewrite(name, lambda v: repack.repack(v, t.ggml_type, in_place=True))
-                qtype = repack.REPACKED[t.ggml_type]
+            key = name + ("#head" if table and head else "")
+            if prepared is not None and key in prepared.extra:
+                qtype, w = prepared.extra[key]
+                return Linear(name, w, qtype, n_in, n_out, b, exact)
+            if prepared is not None and prepared.image is not None and name in prepared.rewritten:
+                return Linear(name, gf.tensor(name), prepared.rewritten[name], n_in, n_out, b, exact)
+            w, qtype = _prepare(gf, name, t.ggml_type, n_in, n_out, requant, exact, table, head)
+            if record is not None and qtype != t.ggml_type:
+                if np.shares_memory(w, gf.tensor(name)):
+                    record.rewritten[name] = qtype
+                else:
+                    record.extra[key] = (qtype, w)
             return Linear(name, w, qtype, n_in, n_out, b, exact)
 
         layers = []
@@ -162,6 +163,28 @@ class Weights:
         rope_freqs = opt_vec("rope_freqs.weight", cfg.rope_dim // 2) if cfg.arch == "llama" else None
         _refuse_unread(gf, seen)
         return cls(emb.w, emb.qtype, tuple(layers), out_norm, output, rope_freqs)
+
+
+def _prepare(gf: GGUFFile, name: str, stored: int, n_in: int, n_out: int, requant: Requant | None,
+             exact: bool, table: bool, head: bool):
+    """(w, qtype) of a matmul weight as the kernels read it: requantized into a new array,
+    repacked in place in an in-memory file, or the stored view as it is."""
+    w, qtype = gf.tensor(name), stored
+    dst = None if requant is None or (table and not head) else requant.target_for(name)
+    if narrows(qtype, dst) and n_in % 32 == 0:     # (Q4_0 / Q5_0 / Q8_0 blocks of 32)
+        # a new array in process memory: repacked below like an in-memory file's
+        w, qtype = convert(w, qtype, dst, n_in), dst
+        if not exact and repack.can_repack(qtype, n_out):
+            w, qtype = repack.repack(w, qtype), repack.REPACKED[qtype]
+    elif (gf.in_memory and not exact and repack.can_repack(qtype, n_out)
+          and (not table or (repack.REPACKED[qtype] in kernels.GET_ROWS
+                             and not narrows(qtype, requant and requant.head)))):
+        # weights in process memory: rewrite in place (legacy: one stream per 8 rows;
+        # K-quants: codes in the kernels' lane order, a table too unless a requantized
+        # head is to be made from its stored bytes)
+        w = gf.rewrite(name, lambda v: repack.repack(v, stored, in_place=True))
+        qtype = repack.REPACKED[stored]
+    return w, qtype
 
 
 def _refuse_unread(gf: GGUFFile, seen: set[str]) -> None:

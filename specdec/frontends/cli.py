@@ -15,11 +15,13 @@ is produced; progress and the final summary go to stderr so stdout stays pipeabl
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import Counter
 
 from .. import hub, kernels
+from ..engine import prepared
 from .console import COLORS, RESET, detail_lines, summary_line
 from ..errors import ConfigError, SpecdecError
 from ..speculation.drafters.suffix import DEFAULT_STORE_TOKENS
@@ -128,6 +130,9 @@ def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
     g.add_argument("--no-mmap", dest="mmap", action="store_false", default=None,
                    help="read the model files into memory (default: read when a file takes at most "
                         "half the available memory, map it otherwise)")
+    g.add_argument("--no-prepared", action="store_true",
+                   help="neither read nor write prepared weights (the repacked / requantized layers "
+                        "kept after a first load; SPECDEC_PREPARED=0 does the same)")
     g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None, metavar="N",
                    help="accepted for llama-cli compatibility; specdec runs on the CPU")
     if serve:
@@ -640,12 +645,19 @@ def cmd_models(a) -> int:
     for m in models:
         state = f"cached at {m['path']}" if m["cached"] else "not downloaded"
         print(f"{m['id']:{w_id}s}  {m['role']:{w_role}s} {m['size'] / 1e6:8.1f} MB  {state}")
+    folders = prepared.listing()
+    if folders:
+        print(f"prepared weights in {prepared.root()} (delete the folder to clear them):")
+        for name, size in folders:
+            print(f"  {name}  {size / 1e6:8.1f} MB")
     return 0
 
 
 def main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
+        if getattr(a, "no_prepared", False):
+            os.environ[prepared.ENV] = "0"
         try:
             kernels.cpu.check_path()                    # SPECDEC_KERNELS names a path this host has
         except ValueError as e:
