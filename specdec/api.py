@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable, Sequence
 
 import numpy as np
@@ -28,6 +29,17 @@ from .tokenizer import Tokenizer
 from .speculation.trace import TraceSink
 
 DEFAULT_N_CTX = 4096
+
+
+class _Clock:
+    def __init__(self):
+        self.laps: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        t = time.perf_counter()
+        self.laps[name] = round(t - self._t, 3)
+        self._t = t
 
 
 def _load_prepared(path: str, params: str, mmap: bool | None) -> prepared.Prepared | None:
@@ -52,20 +64,26 @@ class Model:
             raise ConfigError(str(e)) from None
         self.path = str(path)
         self.name = os.path.basename(self.path)
+        clock = _Clock()                # seconds per part of the load (self.load_times)
         params = f"activations={activations}|requant={requant!r}"     # what preparation depends on
         cached = _load_prepared(self.path, params, mmap)
         self.gguf = GGUFFile(path, mmap=mmap, image=None if cached is None else cached.image)
         self.config = ModelConfig.from_gguf(self.gguf)
+        clock.lap("read" if cached is None or cached.image is None else "read prepared")
         self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata, self.path)
+        clock.lap("tokenizer")
         if self.tokenizer.n_vocab > self.config.n_vocab:
             raise GGUFError(f"{self.path}: the vocabulary has {self.tokenizer.n_vocab} tokens but "
                             f"token_embd.weight only {self.config.n_vocab} rows")
         self.requant = requant          # what was converted at load (None: weights as stored)
         record = None if cached is not None else prepared.Prepared()
         self.weights = Weights.from_gguf(self.gguf, self.config, activations, requant, cached, record)
+        clock.lap("weights" if cached is None else "weights (prepared)")
         if record:                      # first load: keep what was prepared for the next one
             record.image = self.gguf.image if self.gguf.in_memory else None
             prepared.save(self.path, params, record)
+            clock.lap("write prepared")
+        self.load_times = clock.laps
         self.n_ctx = int(n_ctx or min(DEFAULT_N_CTX, self.config.n_ctx_train))
 
     def __repr__(self) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import threading
 
 import codecs
 import re
@@ -137,6 +138,7 @@ def _int_or_none(meta: Mapping[str, object], key: str) -> int | None:
 
 
 _BUILT: dict[bytes, "Tokenizer"] = {}      # vocabulary digest -> the Tokenizer built from it
+_BUILDING = threading.Lock()
 
 
 def _vocab_key(meta: Mapping[str, object]) -> bytes:
@@ -193,10 +195,15 @@ class Tokenizer:
         process per vocabulary: a draft of the target's family reuses the target's (its
         backend alone takes about a second for a 150k-token BPE vocabulary)."""
         key = _vocab_key(meta)
-        if key in _BUILT:
-            template = meta.get("tokenizer.chat_template")
-            return dataclasses.replace(_BUILT[key], source=source,
-                                       chat_template=None if template is None else str(template))
+        with _BUILDING:                                 # two loads in threads build it once
+            if key in _BUILT:
+                template = meta.get("tokenizer.chat_template")
+                return dataclasses.replace(_BUILT[key], source=source,
+                                           chat_template=None if template is None else str(template))
+            return cls._build(meta, source, key)
+
+    @classmethod
+    def _build(cls, meta: Mapping[str, object], source: str, key: bytes) -> Tokenizer:
         try:
             tok = cls._from_metadata(meta, source)
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as e:

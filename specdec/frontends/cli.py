@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 from .. import hub, kernels
 from ..engine import prepared
@@ -389,6 +390,21 @@ def _load(name: str, n_ctx: int, activations: str = "auto", mmap: bool | None = 
     return m
 
 
+def _load_models(a):
+    """(target, draft or None) of -m / -md, loaded side by side in two threads (reading files
+    and the kernels release the GIL; a shared vocabulary is built once); -v prints where each
+    load's time went."""
+    jobs = [(a.model, "target")] + ([(a.draft_model, "draft")] if a.draft_model else [])
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        models = list(ex.map(lambda job: _load(job[0], a.ctx_size, a.activations, a.mmap, _quant(a, job[1])), jobs))
+    if getattr(a, "verbose", False):
+        for m, (_, role) in zip(models, jobs):
+            _progress(f"specdec: {role} load: " + ", ".join(f"{k} {v:.2f} s" for k, v in m.load_times.items()))
+        _progress(f"specdec: models ready in {time.perf_counter() - t0:.2f} s")
+    return models[0], (models[1] if len(models) > 1 else None)
+
+
 def _set_threads(n: int) -> None:
     import numba
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
@@ -414,9 +430,7 @@ def cmd_run(a) -> int:
             prediction = open(a.predict, encoding="utf-8").read()
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"--predict {a.predict}: {getattr(e, 'strerror', None) or e}") from None
-    target = _load(a.model, a.ctx_size, a.activations, a.mmap, _quant(a, "target"))
-    draft = (_load(a.draft_model, a.ctx_size, a.activations, a.mmap, _quant(a, "draft"))
-             if a.draft_model else None)
+    target, draft = _load_models(a)
     if draft is not None:                               # -md alone drafts with the model
         options = options.with_model(draft)
     if options.enabled or prediction is not None:
@@ -506,9 +520,9 @@ def cmd_check(a) -> int:
     options = _draft_options(a)
     if a.threads:
         _set_threads(a.threads)
-    target = _load(a.model, a.ctx_size, a.activations, a.mmap, _quant(a, "target"))
-    if a.draft_model:
-        options = options.with_model(_load(a.draft_model, a.ctx_size, a.activations, a.mmap, _quant(a, "draft")))
+    target, draft = _load_models(a)
+    if draft is not None:
+        options = options.with_model(draft)
     if not options.enabled:
         raise ConfigError("specdec check compares speculative with plain generation: give -md DRAFT "
                           "or --draft prompt-lookup / suffix")
