@@ -4,7 +4,7 @@ The benchmarks compare against llama.cpp side by side where they can: `llama-cpp
 (not a dependency; docs/reproduce.md says how to build it for this CPU) in the same process,
 same threads, same GGUF file.  Each function returns None when the binding is missing or
 llama.cpp cannot load the file (specdec reads some files it does not, e.g. the tests'
-synthetic ones), and the benchmarks then fall back to the figures in MODELS.md.
+synthetic ones), and the benchmarks then fall back to the figures recorded in frontends/bench.py.
 
     decode(path, prompt, n_tg, repeats)   pp (one batched eval of the prompt) and tg (n_tg
                                           single-token evals) tokens/s, best of repeats

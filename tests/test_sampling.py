@@ -3,6 +3,8 @@
 p is always the target's distribution, q the draft's; here only single rows are warped."""
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import numpy as np
@@ -134,7 +136,7 @@ def test_bad_logits_and_params_are_rejected():
 def test_sampler_params_frozen_and_defaults():
     p = SamplerParams()
     assert (p.top_k, p.top_p, p.min_p) == (40, 0.95, 0.05)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         p.temperature = 1.0  # type: ignore[misc]
     assert SamplerParams(temperature=0.0).greedy and not p.greedy
 

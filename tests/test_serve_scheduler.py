@@ -8,6 +8,8 @@ import time
 from dataclasses import replace
 
 import pytest
+
+from specdec.errors import ConfigError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -156,9 +158,9 @@ def test_a_failing_request_does_not_disturb_the_others(models):
         empty = Job([], 10, GREEDY)
         for j in (good, bad, empty):
             sch.submit(j)
-        with pytest.raises(Exception):
+        with pytest.raises(ValueError, match="token id out of range"):
             bad.wait(TIMEOUT)
-        with pytest.raises(Exception):
+        with pytest.raises(ConfigError, match="the prompt is empty"):
             empty.wait(TIMEOUT)
         assert good.wait(TIMEOUT).ids == solo(target, good)
         assert sch.metrics.requests["error"] == 2
@@ -231,7 +233,7 @@ def test_draft_caps():
     assert [DraftCaps().cap(b, lookup=True) for b in (1, 2, 3, 4, 5, 8)] == [None, 4, 3, 2, 1, 0]
     assert [DraftCaps().cap(b) for b in (1, 2, 8)] == [None, 0, 0]
     for bad in ("2", "0:1", "x:y", "2:-3"):
-        with pytest.raises(Exception):
+        with pytest.raises(ConfigError, match="B:N pairs"):
             DraftCaps.parse_table(bad)
 
 

@@ -178,7 +178,7 @@ def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: i
                        llama: dict | None = None, mmap: bool | None = None) -> dict:
     """One model's row.  llama: llama.cpp's {'pp_tok_s', 'tg_tok_s'} measured earlier in the
     run for the same file (an ':q8' row after its base); else measured here when
-    llama-cpp-python is installed (with the same mmap setting), else MODELS.md's figures."""
+    llama-cpp-python is installed (with the same mmap setting), else the recorded figures (LLAMACPP)."""
     import specdec
     base_id, _, activations = model_id.partition(":")
     t = time.perf_counter()
@@ -201,7 +201,7 @@ def bench_decode_model(model_id: str, n_pp: int = 64, n_tg: int = 64, repeats: i
         tg_best = max(tg_best, n_tg / (time.perf_counter() - t))
     wb = weight_bytes_per_token(m)
     ref = LLAMACPP.get(base_id, {})
-    source = "MODELS.md"
+    source = "recorded figures (LLAMACPP)"
     mmap = not m.gguf.in_memory                # what the default chose; llama.cpp does the same
     live, how = llama, "earlier in this run"
     if live is None:
