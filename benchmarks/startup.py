@@ -90,7 +90,7 @@ def run_llama_cli(with_draft: bool) -> float | None:
     if not exe.exists():
         return None
     cmd = [str(exe), "-m", hub.resolve(QWEN_TARGET, download=False), "-p", "hi", "-n", "1", "-t", "2",
-           "--temp", "0", "-no-cnv", "--no-warmup"]
+           "--temp", "0", "-st", "--simple-io"]
     if with_draft:
         cmd += ["-md", hub.resolve(QWEN_DRAFT, download=False)]
     t = time.perf_counter()

@@ -49,10 +49,12 @@ _SCALAR = {  # value type -> (struct format, numpy dtype)
 }
 
 
-def read_into_memory(path: str) -> np.ndarray:
+def read_into_memory(path: str, on_window=None, window: int = 64 << 20) -> np.ndarray:
     """(file_size,) uint8, read-only: the whole file in anonymous process memory, advised
     for transparent huge pages (MADV_HUGEPAGE, where the kernel has it) so that streaming the
-    weights walks 2 MiB pages instead of 4 KiB ones."""
+    weights walks 2 MiB pages instead of 4 KiB ones.  on_window(view) is called with each
+    `window` bytes (the last part shorter) as soon as they are read (a checksum can run
+    beside the reading)."""
     size = os.path.getsize(path)
     try:
         buf = _mmap.mmap(-1, max(size, 1), flags=_mmap.MAP_PRIVATE | _mmap.MAP_ANONYMOUS)
@@ -63,14 +65,17 @@ def read_into_memory(path: str) -> np.ndarray:
             buf.madvise(_mmap.MADV_HUGEPAGE)
         except OSError:
             pass                                    # no THP here: ordinary pages
-    view, done = memoryview(buf), 0
+    view, done, sent = memoryview(buf), 0, 0
     try:
         with open(path, "rb", buffering=0) as f:
             while done < size:
-                n = f.readinto(view[done: done + (64 << 20)])
+                n = f.readinto(view[done: done + window])
                 if not n:
                     raise GGUFError(f"{path}: file shrank while being read")
                 done += n
+                while on_window is not None and sent < done and (done - sent >= window or done == size):
+                    on_window(view[sent: min(sent + window, done)])
+                    sent = min(sent + window, done)
     except OSError as e:
         raise GGUFError(f"{path}: cannot read ({e.strerror or e})") from None
     finally:

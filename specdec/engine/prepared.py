@@ -103,9 +103,12 @@ def load(path: str, params: str, want_image: bool = True) -> Prepared | None:
         if index["image_crc"] is not None and want_image:
             if (d / "image.bin").stat().st_size != os.path.getsize(path):
                 raise ValueError("image size")
-            image = read_into_memory(str(d / "image.bin"))
-            if _crcs(image) != index["image_crc"]:
-                raise ValueError("image crc")
+            with ThreadPoolExecutor(1) as ex:           # each window's CRC beside the next read
+                jobs = []
+                image = read_into_memory(str(d / "image.bin"), lambda v: jobs.append(ex.submit(zlib.crc32, v)),
+                                         CHUNK)
+                if [j.result() for j in jobs] != index["image_crc"]:
+                    raise ValueError("image crc")
         extra: dict[str, tuple[int, np.ndarray]] = {}
         if index["extra"]:
             raw = np.fromfile(d / "extra.bin", dtype=np.uint8)

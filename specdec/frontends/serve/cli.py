@@ -4,6 +4,7 @@ commands do not import FastAPI)."""
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from specdec.errors import ConfigError
 from specdec.sampling import SamplerParams
@@ -80,9 +81,10 @@ def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
     if a.threads:
         set_threads(a.threads)
     q = quant or (lambda a, role: (None, None))
-    target = load(a.model, a.ctx_size, a.activations, a.mmap, q(a, "target"))
-    draft = (load(a.draft_model, a.ctx_size, a.activations, a.mmap, q(a, "draft"))
-             if a.draft_model else None)
+    jobs = [(a.model, "target")] + ([(a.draft_model, "draft")] if a.draft_model else [])
+    with ThreadPoolExecutor(len(jobs)) as ex:          # side by side, as `specdec run`
+        models = list(ex.map(lambda job: load(job[0], a.ctx_size, a.activations, a.mmap, q(a, job[1])), jobs))
+    target, draft = models[0], (models[1] if len(models) > 1 else None)
     if draft is not None:                               # -md alone drafts with the model
         from specdec.speculation.compat import check_compatible
         check_compatible(target.tokenizer, draft.tokenizer, target.name, draft.name,
