@@ -176,6 +176,18 @@ def summarize(rows: dict[str, list[dict]]) -> dict:
     return out
 
 
+def markdown(summary: dict) -> str:
+    """The README's table: speedup over plain (whole request) per group, tau overall."""
+    cols = [g for g in (*GROUPS, "overall")]
+    lines = ["| method | " + " | ".join(cols) + " | tau | identical |",
+             "| --- |" + " --- |" * (len(cols) + 2)]
+    for m, per in summary.items():
+        cells = [f"{per[g]['speedup']:.2f}x" if g in per and per[g]["speedup"] else "-" for g in cols]
+        o = per.get("overall", {})
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {o.get('tau', 0):.2f} | {o.get('identical')} |")
+    return "\n".join(lines)
+
+
 def plot(summary: dict, path: Path, cpu: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -239,6 +251,7 @@ def main(argv=None) -> None:
               "question_ids": [q["question_id"] for q in qs], "summary": summary,
               "rows": {m: [{k: v for k, v in r.items() if k != "text"} for r in rs] for m, rs in rows.items()}}
     write_json(a.out / "specbench.json", result)
+    print(markdown(summary))
     plot(summary, a.out / "specbench.png", result["machine"].get("cpu", "?"))
 
 
