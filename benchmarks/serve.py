@@ -139,6 +139,8 @@ def server_command(config: str, a, port: int, paths: dict) -> list[str]:
         if "--spec-draft-n-max" in h:     # newer llama.cpp: --draft-max/--draft-min removed
             cmd += ["--spec-draft-n-max", str(a.draft_n), "--spec-draft-n-min", "0",
                     "--spec-draft-p-min", str(a.draft_p)]
+        if "draft-simple" in h:           # and -md drafts only with --spec-type (default none)
+            cmd += ["--spec-type", "draft-simple"]
         else:
             cmd += ["--draft-max", str(a.draft_n), "--draft-min", "0", "--draft-p-min", str(a.draft_p)]
         if "-td" in h or "--threads-draft" in h:

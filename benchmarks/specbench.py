@@ -105,8 +105,9 @@ def llama_command(method: str, exe: Path, target: str, draft: str, port: int, ct
     cmd = [str(exe), "-m", target, "--host", "127.0.0.1", "--port", str(port), "-np", "1", "-c", str(ctx),
            "-t", "2", "-tb", "2"]
     if method == "llama-speculative":
-        cmd += ["-md", draft, "--spec-draft-n-max", "5", "--spec-draft-n-min", "0", "--spec-draft-p-min", "0.9",
-                "-td", "2"]
+        # this llama.cpp drafts with -md only when told to (--spec-type defaults to none)
+        cmd += ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", "5", "--spec-draft-n-min", "0",
+                "--spec-draft-p-min", "0.9", "-td", "2"]
     elif method == "llama-lookup":
         cmd += ["--spec-type", "ngram-cache"]
     return cmd

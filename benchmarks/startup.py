@@ -91,8 +91,8 @@ def run_llama_cli(with_draft: bool) -> float | None:
         return None
     cmd = [str(exe), "-m", hub.resolve(QWEN_TARGET, download=False), "-p", "hi", "-n", "1", "-t", "2",
            "--temp", "0", "-st", "--simple-io"]
-    if with_draft:
-        cmd += ["-md", hub.resolve(QWEN_DRAFT, download=False)]
+    if with_draft:            # this llama.cpp drafts with -md only given --spec-type
+        cmd += ["-md", hub.resolve(QWEN_DRAFT, download=False), "--spec-type", "draft-simple"]
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     if r.returncode:
