@@ -49,6 +49,9 @@ RE_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\
 RE_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
             r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+RE_QWEN35 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+"
+             r"|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 
 @dataclass(frozen=True)
 class PreType:
@@ -65,12 +68,17 @@ PRE_STARCODER = PreType("starcoder", (r"\p{N}", RE_GPT2))
 PRE_QWEN2 = PreType("qwen2", (RE_QWEN2,))
 PRE_LLAMA3 = PreType("llama3", (RE_LLAMA3,), ignore_merges=True, add_bos=True)
 PRE_DBRX = PreType("dbrx", (RE_LLAMA3,))
+PRE_QWEN35 = PreType("qwen35", (RE_QWEN35,))
+PRE_FALCON = PreType("falcon", (r"[\p{P}\$\+<=>\^~\|`]+", RE_GPT2, r"[0-9][0-9][0-9]"))
+PRE_DEEPSEEK_CODER = PreType("deepseek-coder", (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+",
+                                                 r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"))
 
 PRE_TYPES: Mapping[str, PreType] = MappingProxyType({
     "": PRE_DEFAULT, "default": PRE_DEFAULT,
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
                      "midm-2.0", "lfm2", "jina-v5-nano"), PRE_LLAMA3),
     **dict.fromkeys(("dbrx", "smaug-bpe"), PRE_DBRX),
+    "qwen35": PRE_QWEN35, "falcon": PRE_FALCON, "deepseek-coder": PRE_DEEPSEEK_CODER,
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2"), PRE_QWEN2),
     **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
                      "minerva-7b", "mellum2"), PRE_STARCODER),

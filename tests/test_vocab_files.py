@@ -20,7 +20,8 @@ from specdec.errors import TokenizerError
 from specdec.tokenizer import Tokenizer
 
 SEP = "\n__ggml_vocab_test__\n"
-SUPPORTED = ("command-r", "gpt-2", "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2", "refact", "starcoder")
+SUPPORTED = ("command-r", "deepseek-coder", "falcon", "gpt-2", "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2",
+             "qwen35", "refact", "starcoder")
 
 
 def _models_dir() -> Path | None:
