@@ -23,9 +23,10 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads
 
+from . import cpu, kquants_amx
 from . import kquants_dequant as dq
 from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
-from .kquants_ir import MATMUL_Q8K
+from .kquants_ir import MATMUL_Q8K, MATMUL_Q8K_REPACKED
 from .q8k import quantize_q8_k
 
 
@@ -50,8 +51,11 @@ def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: n
     _check_weights(qtype, w, k)
     if out.shape != (m, w.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, w.shape[0])}")
+    if m >= kquants_amx.MIN_M and cpu.tiles("kquants"):      # the same bits (kquants_amx)
+        kquants_amx.matmul_q8k(qtype, w, xq, xd, out, repacked=drivers is MATMUL_Q8K_REPACKED)
+        return
     n_chunks = max(1, min(get_num_threads(), w.shape[0]))   # one contiguous chunk per thread
-    drivers[qtype](w, xq, xd, xbs, out, n_chunks)
+    drivers[qtype](w, xq, xd, out, n_chunks)
 
 
 def _matmul_fn(qtype: int):
@@ -75,6 +79,15 @@ def _get_rows_fn(qtype: int, kernel):
         kernel(w, ids, out)
     get_rows.__name__ = f"get_rows_{FORMATS[qtype].name.lower()}"
     return get_rows
+
+
+def matmul_fn(qtype: int):
+    """-> fn(w, x) -> out: MATMUL[qtype] allocating its output (for tests and tools)."""
+    def run(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+        out = np.empty((x.shape[0], w.shape[0]), np.float32)
+        MATMUL[qtype](w, np.ascontiguousarray(x, np.float32), out)
+        return out
+    return run
 
 
 MATMUL = {qt: _matmul_fn(qt) for qt in MATMUL_Q8K}

@@ -1,0 +1,131 @@
+"""Plain NumPy references of the fast kernels: what each computes, value by value, to test them by.
+
+Slow and obvious on purpose: the integer parts of a quantized block as ggml's
+``dequantize_row_*`` reads them, and the float operations in the order the kernels promise.
+The tests compare the kernels with these bit for bit.
+
+    kquant_parts(qtype, w)          K-quant rows -> codes u, group scales sc and mins mn, d, dmin, off
+    kquant_dot(qtype, w, x)         out (M, N) of the K-quant × Q8_K contract (kquants_ir)
+    fma32(a, b, c)                  a·b + c rounded once to float32 (llvm.fma), element-wise
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
+from .q8k import natural_order, quantize_q8_k
+
+
+class KParts(NamedTuple):
+    """A K-quant matrix of N rows and nb super-blocks, value v of block b of row n being
+    d·sc·(u − off) − dmin·mn with the group g = v // 16 (16 groups of 16 values)."""
+    u: np.ndarray            # int32 (N, nb, 256): unsigned codes
+    sc: np.ndarray           # int32 (N, nb, 16): the scale of each group
+    mn: np.ndarray | None    # int32 (N, nb, 16): the min of each group (Q2_K, Q4_K, Q5_K)
+    d: np.ndarray            # float32 (N, nb)
+    dmin: np.ndarray | None  # float32 (N, nb)
+    off: int                 # Q3_K 4, Q6_K 32, else 0
+
+
+def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
+    return blocks[..., at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _scale_min_k4(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """get_scale_min_k4 for j = 0 … 7 of the 12 bytes s (…, 12) -> sc, mn (…, 8)."""
+    s = s.astype(np.int32)
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
+    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    return sc, mn
+
+
+def _per16(per32: np.ndarray) -> np.ndarray:
+    return np.repeat(per32, 2, axis=-1)
+
+
+def _crumbs(qs: np.ndarray) -> np.ndarray:
+    """Value 128h + 32s + l: (qs[32h + l] >> 2s) & 3 -> (…, 256)."""
+    q = qs.astype(np.int32).reshape(*qs.shape[:-1], 2, 1, 32)
+    return ((q >> (2 * np.arange(4)[:, None])) & 3).reshape(*qs.shape[:-1], QK_K)
+
+
+def kquant_parts(qtype: int, w: np.ndarray) -> KParts:
+    """w uint8 (N, row_bytes), GGUF layout -> its KParts (dequantize_row_q{2..6}_K)."""
+    n = w.shape[0]
+    bb = FORMATS[qtype].type_size
+    blk = w.reshape(n, -1, bb)
+    if qtype in (Q4_K, Q5_K):
+        sc, mn = _scale_min_k4(blk[..., 4:16])
+        qs = blk[..., 16:144] if qtype == Q4_K else blk[..., 48:176]
+        q = qs.astype(np.int32).reshape(n, -1, 4, 1, 32)
+        u = ((q >> (4 * np.arange(2)[:, None])) & 15).reshape(n, -1, QK_K)
+        if qtype == Q5_K:
+            qh = blk[..., 16:48].astype(np.int32)[..., None, :]             # (…, 1, 32)
+            u = u + 16 * ((qh >> np.arange(8)[:, None]) & 1).reshape(n, -1, QK_K)
+        return KParts(u, _per16(sc), _per16(mn), _f16(blk, 0), _f16(blk, 2), 0)
+    if qtype == Q6_K:
+        ql = blk[..., 0:128].astype(np.int32).reshape(n, -1, 2, 2, 32)      # (h, half, l)
+        qh = blk[..., 128:192].astype(np.int32).reshape(n, -1, 2, 1, 32)
+        low = np.stack([ql & 15, ql >> 4], axis=3)                          # (h, nib, half, l)
+        low = low.reshape(n, -1, 2, 4, 32)                                  # s = 2·nib + half
+        high = (qh >> (2 * np.arange(4)[:, None])) & 3                      # (h, s, l)
+        u = (low | (high << 4)).reshape(n, -1, QK_K)
+        sc = blk[..., 192:208].copy().view(np.int8).astype(np.int32)
+        return KParts(u, sc, None, _f16(blk, 208), None, 32)
+    if qtype == Q3_K:
+        hm = blk[..., 0:32].astype(np.int32).reshape(n, -1, 1, 1, 32)
+        bit = (hm >> (4 * np.arange(2)[:, None, None] + np.arange(4)[:, None])) & 1   # (h, s, l)
+        u = _crumbs(blk[..., 32:96]) | (bit.reshape(n, -1, QK_K) << 2)
+        s = blk[..., 96:108].astype(np.int32)
+        g = np.arange(16)
+        sc = (((s[..., g % 8] >> (4 * (g // 8))) & 15) | (((s[..., 8 + g % 4] >> (2 * (g // 4))) & 3) << 4)) - 32
+        return KParts(u, sc, None, _f16(blk, 108), None, 4)
+    if qtype == Q2_K:
+        s = blk[..., 0:16].astype(np.int32)
+        return KParts(_crumbs(blk[..., 16:80]), s & 15, s >> 4, _f16(blk, 80), _f16(blk, 82), 0)
+    raise ValueError(f"not a K-quant: {qtype}")
+
+
+def fma32(a, b, c) -> np.ndarray:
+    """a·b + c rounded once to float32 (what llvm.fma / vfmadd computes), element-wise: the
+    product is exact in float64, the sum's error is kept (TwoSum), and a float64 result on
+    a float32 tie is broken by that error's sign."""
+    a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
+    p = a * b
+    s = p + c
+    bv = s - p
+    e = (p - (s - bv)) + (c - bv)                   # s + e == p + c exactly
+    r = s.astype(np.float32)
+    toward = np.where(s > r.astype(np.float64), np.float32(np.inf), np.float32(-np.inf))
+    other = np.nextafter(r, toward.astype(np.float32))
+    mid = (r.astype(np.float64) + other.astype(np.float64)) / 2
+    tie = (s == mid) & (e != 0) & (s != r.astype(np.float64))
+    pick_other = tie & (np.sign(e) == np.sign(other.astype(np.float64) - s))
+    return np.where(pick_other, other, r).astype(np.float32)
+
+
+def kquant_dot(qtype: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """out (M, N) float32 = x (M, K) · Wᵀ by the K-quant contract (kquants_ir): x quantized
+    to Q8_K (q8k.py); per super-block b the exact integers
+        isum = Σ_v sc[g]·(u_v − off)·xq_v,   imin = Σ_v mn[g]·xq_v
+    then, b ascending from acc = 0:  acc = fma(d·dx, float(isum), acc);
+    acc = fma((−dmin)·dx, float(imin), acc)  (formats with mins)."""
+    parts = kquant_parts(qtype, w)
+    xq, xd, _ = quantize_q8_k(np.ascontiguousarray(x, np.float32))
+    codes = natural_order(xq).astype(np.int64)                    # (M, K)
+    m, nb = x.shape[0], xd.shape[0]
+    codes = codes.reshape(m, nb, 16, 16)                          # (M, b, g, 16)
+    u = (parts.u.astype(np.int64) - parts.off).reshape(w.shape[0], nb, 16, 16)
+    dots = np.einsum("mbgi,nbgi->mnbg", codes, u)                 # (M, N, b, g)
+    isum = np.einsum("mnbg,nbg->mnb", dots, parts.sc.astype(np.int64)).astype(np.int32)
+    acc = np.zeros((m, w.shape[0]), np.float32)
+    for b in range(nb):
+        dx = xd[b][:, None]                                       # (M, 1)
+        acc = fma32(parts.d[None, :, b] * dx, isum[:, :, b].astype(np.float32), acc)
+        if parts.mn is not None:
+            bs = codes[:, b].sum(-1)                              # (M, 16) group sums
+            imin = (bs @ parts.mn[:, b].T.astype(np.int64)).astype(np.int32)   # (M, N)
+            acc = fma32(-parts.dmin[None, :, b] * dx, imin.astype(np.float32), acc)
+    return acc
