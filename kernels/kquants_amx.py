@@ -30,7 +30,7 @@ from numba.extending import intrinsic
 
 from . import amx
 from .formats import FORMATS, KQUANTS, QK_K
-from .ir import F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, prefetch, shuffle, splat_v16f32
+from .ir import F32, I8, I16, I64, V16F32, V16I32, V64I8, prefetch, shuffle, splat_v16f32
 from .kquants_ir import (DECODERS, PREFETCH_BLOCKS, REPACKED_DECODERS, ROWS, float_update,
                          have_f16c)
 
