@@ -9,16 +9,28 @@
    step time minus all kernel time, "thread dispatch" the cost of waking the worker threads
    (an empty prange kernel timed alone) times the number of parallel kernel calls per step.
 
-3. With llama-cpp-python installed, llama.cpp's curve on the same file in the same run (all
-   rows' logits computed, as verification needs): specdec.llamacpp.
+3. llama.cpp's curve on the same file in the same run: llama-bench of the native build
+   (benchmarks/build_llamacpp.sh), else llama-cpp-python (all rows' logits).
+4. Prompt processing: tokens per second of a fresh prompt of P = 512 and 2048 tokens
+   (--pp), beside llama-bench's pp512 / pp2048 of the native build.
+5. The fraction of the instruction path's peak each M reaches: multiply-adds of the pass
+   (M × the weight matrices' values) per second over cores × clock × the path's int8
+   multiply-adds per cycle and core (PEAK_MAC_PER_CYCLE; the clock is /proc/cpuinfo's).
+6. Every kernel path the host has (--paths; default: the host's and, on an AMX host, vnni
+   too): each path runs in a process of its own (SPECDEC_KERNELS) and the JSON holds a
+   section per path, so a plot shows the curve with and without AMX from one run.
 
 Writes verify_curve.json and verify_curve.png into --out.
 
-    python benchmarks/verify_curve.py [--models id ...] [--out bench-results]
+    python benchmarks/verify_curve.py [--models id ...] [--pp 512 2048] [--out bench-results]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -32,7 +44,10 @@ from specdec import llamacpp
 from specdec.frontends.bench import llamacpp_forward_ms
 from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, machine_info, warm_up, write_json
 
-MS = (1, 2, 4, 6, 8, 12, 17)
+MS = (1, 2, 4, 6, 8, 9, 12, 16, 17, 32, 64)
+# int8 multiply-adds per cycle and core: 512-bit vpdpbusd (64) once a cycle; AVX2's
+# vpmaddubsw + vpmaddwd pair (32 per pair) on two ports; AMX tdpbssd, 16 x 16 x 64 in 16 cycles
+PEAK_MAC_PER_CYCLE = {"amx": 1024, "vnni": 64, "avx2": 32, "portable": 8}
 CATEGORY = {"matmul": "matmuls", "matmul_q8k": "matmuls", "attention": "attention",
             "rms_norm": "norms/rope/act", "rms_norm_heads": "norms/rope/act",
             "rope_apply": "norms/rope/act", "rope_cos_sin": "norms/rope/act", "swiglu": "norms/rope/act", "geglu": "norms/rope/act",
@@ -59,6 +74,47 @@ def curve(model, repeats: int) -> dict:
     ms = {m: forward_ms(model, m, repeats=repeats) for m in MS}
     return {"forward_ms": {str(m): round(v, 3) for m, v in ms.items()},
             "relative": {str(m): round(v / ms[1], 3) for m, v in ms.items()}}
+
+
+def matmul_values(model) -> int:
+    """Weight values one row of a forward pass multiplies (every 2-D weight but the
+    embedding table, which the output head reuses when the file ties them)."""
+    total, tied = 0, "output.weight" not in model.gguf.tensors
+    for name, info in model.gguf.tensors.items():
+        if len(info.dims) == 2 and (not name.startswith("token_embd") or tied):
+            total += info.dims[0] * info.dims[1]
+    return total
+
+
+def clock_ghz() -> float:
+    """The first CPU's clock from /proc/cpuinfo (cpu MHz), 0 when unknown."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("cpu MHz"):
+                return float(line.split(":")[1]) / 1e3
+    except OSError:
+        pass
+    return 0.0
+
+
+def peak_fraction(model, curve_ms: dict, path: str) -> dict:
+    """M -> the fraction of the path's int8 peak the pass of M rows reached."""
+    import numba
+    peak = numba.get_num_threads() * clock_ghz() * 1e9 * PEAK_MAC_PER_CYCLE.get(path, 8)
+    macs = matmul_values(model)
+    return {m: round(int(m) * macs / (v / 1e3) / peak, 4) if peak else None for m, v in curve_ms.items()}
+
+
+def pp_tok_s(model, n: int, repeats: int) -> float:
+    """Tokens per second of a fresh prompt of n tokens (the prompt pass, last row's logits)."""
+    s = model.session(n + 1)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        s.eval([(31 * i) % 1000 + 100 for i in range(n)], last_only=True)
+        times.append(time.perf_counter() - t)
+        s.truncate(0)
+    return n / float(np.median(times))
 
 
 def profile_decode(model, n_steps: int = 48) -> dict:
@@ -121,12 +177,14 @@ def plot(result: dict, path: Path) -> None:
     fig, (ax, ax_ms) = plt.subplots(1, 2, figsize=(11, 4.2))
     top = 4.0
     for i, r in enumerate(result["models"]):
-        curves = [(r["curve"], "o-", r["model"])]
+        curves = [(sec["curve"], "o-" if p == r["path"] else "s:", f"{r['model']} [{p}]")
+                  for p, sec in r.get("paths", {r.get("path", ""): r}).items()]
         if "llamacpp_curve" in r:
             curves.append((r["llamacpp_curve"], "x--", f"llama.cpp, {r['model']}"))
         for c, style, label in curves:
-            ax.plot(MS, [c["relative"][str(m)] for m in MS], style, color=f"C{i}", lw=1.2, label=label)
-            ax_ms.plot(MS, [c["forward_ms"][str(m)] for m in MS], style, color=f"C{i}", lw=1.2, label=label)
+            ms = [m for m in MS if str(m) in c["relative"]]
+            ax.plot(ms, [c["relative"][str(m)] for m in ms], style, color=f"C{i}", lw=1.2, label=label)
+            ax_ms.plot(ms, [c["forward_ms"][str(m)] for m in ms], style, color=f"C{i}", lw=1.2, label=label)
             top = max(top, 1.1 * max(c["relative"].values()))
     ax.plot(MS, [1.0] * len(MS), "k:", lw=1, label="weights read once (ideal)")
     ax.plot(MS, MS, color="0.8", lw=1, label="M separate passes")
@@ -145,43 +203,101 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def measure(mid: str, a) -> dict:
+    """Everything of one model on the kernel path of this process."""
+    from specdec.kernels import cpu
+    m = specdec.load(mid, n_ctx=max([512] + a.pp) + 8, mmap=False if a.no_mmap else None)
+    w = warm_up(m)
+    forward_ms(m, max(MS), repeats=1)                  # compile every M path before timing
+    for n in a.pp:
+        pp_tok_s(m, n, 1)
+    c = curve(m, a.repeats)
+    r = {"model": mid, "file": m.path, "path": cpu.path(), "warm_s": round(w, 2), "curve": c,
+         "peak_fraction": peak_fraction(m, c["forward_ms"], cpu.path()),
+         "pp_tok_s": {str(n): round(pp_tok_s(m, n, max(1, a.repeats // 3)), 2) for n in a.pp}}
+    if not a.no_profile:
+        r["profile"] = profile_decode(m)
+    return r
+
+
+def llamacpp_section(path: str, a) -> dict | None:
+    """llama.cpp's curve and pp on the same file (native build, else llama-cpp-python)."""
+    lc = llamacpp_forward_ms(path, MS, repeats=a.repeats, mmap=not a.no_mmap)
+    source = "llama-bench of the native build (-p M -n 0 -d 128), last row's logits only"
+    if lc is None:
+        lc = llamacpp.forward_ms(path, MS, repeats=a.repeats, mmap=not a.no_mmap)
+        source = f"llama-cpp-python {llamacpp.version()}, logits for every row"
+    if lc is None:
+        return None
+    out = {"source": source, "forward_ms": {str(k): round(v, 3) for k, v in lc.items()},
+           "relative": {str(k): round(v / lc[1], 3) for k, v in lc.items()}}
+    pp = llamacpp_forward_ms(path, a.pp, depth=0, repeats=max(1, a.repeats // 3), mmap=not a.no_mmap)
+    if pp:
+        out["pp_tok_s"] = {str(n): round(n / (v / 1e3), 2) for n, v in pp.items()}
+    return out
+
+
+def _child(path: str, a) -> list[dict]:
+    """measure() of every model in a process of its own on kernel path `path`."""
+    cmd = [sys.executable, __file__, "--single", "--models", *a.models, "--repeats", str(a.repeats),
+           "--pp", *map(str, a.pp)] + (["--no-mmap"] if a.no_mmap else []) + \
+          (["--no-profile"] if a.no_profile else [])
+    env = dict(os.environ, SPECDEC_KERNELS=path)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> None:
+    from specdec.kernels import amx, cpu
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=[QWEN_TARGET, QWEN_DRAFT])
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--pp", nargs="*", type=int, default=[512, 2048], help="prompt lengths to time")
+    ap.add_argument("--paths", nargs="*", default=None,
+                    help="kernel paths (SPECDEC_KERNELS) besides the host's default")
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--no-mmap", action="store_true", help="read the model files into memory (both engines)")
+    ap.add_argument("--no-profile", action="store_true", help="skip the decode-step profile")
+    ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.single:                                          # a child: one path, JSON on stdout
+        print(json.dumps([measure(mid, a) for mid in a.models]))
+        return
     out = Path(a.out)
-    result = {"machine": machine_info(), "ms": list(MS), "mmap": None if not a.no_mmap else False, "models": []}
-    for mid in a.models:
-        m = specdec.load(mid, n_ctx=512, mmap=False if a.no_mmap else None)
-        w = warm_up(m)
-        forward_ms(m, max(MS), repeats=1)                  # compile every M path before timing
-        r = {"model": mid, "warm_s": round(w, 2), "curve": curve(m, a.repeats),
-             "profile": profile_decode(m)}
-        lc = llamacpp_forward_ms(m.path, MS, repeats=a.repeats, mmap=not m.gguf.in_memory)
-        source = "llama-bench of the native build (-p M -n 0 -d 128), last row's logits only"
-        if lc is None:                                      # no native build: llama-cpp-python
-            lc = llamacpp.forward_ms(m.path, MS, repeats=a.repeats, mmap=not m.gguf.in_memory)
-            source = f"llama-cpp-python {llamacpp.version()}, logits for every row"
+    paths = a.paths if a.paths is not None else (["vnni"] if amx.available() else [])
+    result = {"machine": machine_info(), "ms": list(MS), "pp": a.pp, "default_path": cpu.path(),
+              "mmap": None if not a.no_mmap else False, "models": []}
+    runs = {cpu.path(): [measure(mid, a) for mid in a.models]}
+    for p in paths:
+        runs[p] = _child(p, a)
+    for i, mid in enumerate(a.models):
+        r = dict(runs[cpu.path()][i])
+        r["paths"] = {p: {k: runs[p][i][k] for k in ("curve", "peak_fraction", "pp_tok_s")} for p in runs}
+        lc = llamacpp_section(r["file"], a)
         if lc is not None:
-            r["llamacpp_curve"] = {"source": source,
-                                   "forward_ms": {str(k): round(v, 3) for k, v in lc.items()},
-                                   "relative": {str(k): round(v / lc[1], 3) for k, v in lc.items()}}
+            r["llamacpp_curve"] = lc
         result["models"].append(r)
-        rel = r["curve"]["relative"]
-        print(f"{mid}: " + "  ".join(f"M={k}:{v:.2f}x" for k, v in rel.items()))
-        print("  ms: " + "  ".join(f"M={k}:{v:.1f}" for k, v in r["curve"]["forward_ms"].items()))
-        if lc is not None:
-            print("  llama.cpp ms: " + "  ".join(f"M={k}:{v:.1f}" for k, v in lc.items()))
-        p = r["profile"]
-        print(f"  decode step {p['step_ms']:.2f} ms: " + ", ".join(f"{k} {v:.2f}" for k, v in p["ms"].items())
-              + f", glue {p['python_glue_ms']:.2f} ({p['python_glue_pct']:.1f}%), "
-              f"dispatch ~{p['thread_dispatch_ms']:.2f}")
+        _print(r)
     write_json(out / "verify_curve.json", result)
     plot(result, out / "verify_curve.png")
     print(f"wrote {out / 'verify_curve.json'} and {out / 'verify_curve.png'}")
+
+
+def _print(r: dict) -> None:
+    for p, sec in r["paths"].items():
+        print(f"{r['model']} [{p}]: " + "  ".join(f"M={k}:{v:.2f}x" for k, v in sec["curve"]["relative"].items()))
+        print("  ms: " + "  ".join(f"M={k}:{v:.1f}" for k, v in sec["curve"]["forward_ms"].items()))
+        print("  peak: " + "  ".join(f"M={k}:{v:.1%}" for k, v in sec["peak_fraction"].items() if v is not None))
+        print("  pp tok/s: " + "  ".join(f"{k}:{v:.1f}" for k, v in sec["pp_tok_s"].items()))
+    lc = r.get("llamacpp_curve")
+    if lc is not None:
+        print("  llama.cpp ms: " + "  ".join(f"M={k}:{v:.1f}" for k, v in lc["forward_ms"].items()))
+        if "pp_tok_s" in lc:
+            print("  llama.cpp pp tok/s: " + "  ".join(f"{k}:{v:.1f}" for k, v in lc["pp_tok_s"].items()))
+    p = r.get("profile")
+    if p:
+        print(f"  decode step {p['step_ms']:.2f} ms: " + ", ".join(f"{k} {v:.2f}" for k, v in p["ms"].items())
+              + f", glue {p['python_glue_ms']:.2f} ({p['python_glue_pct']:.1f}%)")
 
 
 if __name__ == "__main__":
