@@ -177,6 +177,20 @@ def _add_sampling_flags(p: argparse.ArgumentParser, n_predict: int = 128) -> Non
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation")
 
 
+def _add_ray_flags(p: argparse.ArgumentParser) -> None:
+    """`specdec serve` as a Ray Serve deployment (frontends/serve/ray.py, docs/serve.md)."""
+    g = p.add_argument_group("ray serve (pip install 'specdec[ray]')")
+    g.add_argument("--ray-replicas", type=int, default=0, metavar="N",
+                   help="serve with N Ray Serve replicas behind Ray's HTTP proxy at --host/--port, each "
+                        "with its own models, -np slots and -t threads (its num_cpus); 0: no Ray (default)")
+    g.add_argument("--ray-max-replicas", type=int, default=None, metavar="N",
+                   help="autoscale from --ray-replicas up to N replicas on queued requests "
+                        "(default: a fixed --ray-replicas)")
+    g.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="the Ray cluster to deploy on (default: $RAY_ADDRESS, else a Ray started on this "
+                        "machine for the server's lifetime)")
+
+
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     _add_run_flags(p, serve=True)
     g = p.add_argument_group("server")
@@ -227,13 +241,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Chat in the model's chat template, speculatively with -md.  Each turn\n"
                     "evaluates only its new tokens.  Ctrl-C stops an answer, Ctrl-D quits,\n"
                     "/clear starts afresh; -p gives the first turn."))
-    _add_serve_flags(sub.add_parser(
+    p = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server with continuous batching", formatter_class=fmt,
         usage="specdec serve [-m MODEL] [-md DRAFT] [--host H] [--port P] [-np N] [-c CTX] [options]",
         description="Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models,\n"
                     "/health, /metrics) with speculative decoding and continuous batching; a\n"
                     "request's tokens never depend on the load.  Flags follow llama-server;\n"
-                    "docs/serve.md describes the rest.  Ctrl-C / SIGTERM drain and exit."))
+                    "docs/serve.md describes the rest.  Ctrl-C / SIGTERM drain and exit.")
+    _add_serve_flags(p)
+    _add_ray_flags(p)
     p = sub.add_parser(
         "check", help="does speculation change anything on my prompts? (plain vs speculative)",
         formatter_class=fmt, epilog=EPILOG,

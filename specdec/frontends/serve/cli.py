@@ -58,13 +58,20 @@ def open_warning(host: str, keys: tuple[str, ...]) -> str | None:
 def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
     """Load -m (and -md), start the scheduler and serve until Ctrl-C / SIGTERM (then drain,
     exit 0).  load / draft_options / set_threads / log / quant: specdec.frontends.cli's
-    helpers (quant(a, 'target' | 'draft'): the requantization flags)."""
-    try:
-        from .app import ServeConfig, create_app, run_server
-    except ImportError as e:             # the optional server stack is not installed
-        raise ConfigError(f"specdec serve needs {e.name or 'FastAPI and uvicorn'}: "
-                          f"pip install 'specdec[serve]'") from None
-    from .scheduler import DraftCaps, Scheduler
+    helpers (quant(a, 'target' | 'draft'): the requantization flags).  With --ray-replicas N
+    the same app runs as a Ray Serve deployment instead (ray.py)."""
+    helpers = dict(load=load, draft_options=draft_options, set_threads=set_threads, log=log, quant=quant)
+    if getattr(a, "ray_replicas", 0):
+        from .ray import deploy
+        return deploy(a, **helpers)
+    app, scheduler = build(a, **helpers)
+    from .app import run_server
+    return run_server(app, a.host, a.port, log=log, scheduler=scheduler)
+
+
+def check_flags(a) -> tuple[str, ...]:
+    """The checks of the server flags that need no model (a ConfigError naming the flag);
+    returns the API keys."""
     if not 0 <= a.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {a.port}")
     if a.n_predict < -1:
@@ -73,7 +80,20 @@ def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
         raise ConfigError("--ctx-size and --threads must be >= 0")
     if a.max_body < 1 or (a.max_tokens_limit is not None and a.max_tokens_limit < 1) or not a.body_timeout > 0:
         raise ConfigError("--max-body, --max-tokens-limit and --body-timeout must be > 0")
-    keys = api_keys(a.api_key, a.api_key_file, os.environ.get("SPECDEC_API_KEY"))
+    return api_keys(a.api_key, a.api_key_file, os.environ.get("SPECDEC_API_KEY"))
+
+
+def build(a, *, load, draft_options, set_threads, log, quant=None):
+    """(the FastAPI app, its Scheduler made with start=False: the caller steps it with
+    `scheduler.run()`) of the serve flags: the models loaded in the calling thread's process,
+    the slots allocated.  `specdec serve` and each Ray Serve replica build the same way."""
+    try:
+        from .app import ServeConfig, create_app
+    except ImportError as e:             # the optional server stack is not installed
+        raise ConfigError(f"specdec serve needs {e.name or 'FastAPI and uvicorn'}: "
+                          f"pip install 'specdec[serve]'") from None
+    from .scheduler import DraftCaps, Scheduler
+    keys = check_flags(a)
     params = SamplerParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
     options = draft_options(a)
     pin_mmap_threshold()
@@ -108,4 +128,4 @@ def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
     log(f"specdec: {a.parallel} slots of {scheduler.n_ctx} tokens, drafting: "
         f"{options.describe()}"
         + f"; greedy draft caps by batch size: model {caps.table}, prompt lookup {caps.lookup}")
-    return run_server(create_app(scheduler, config), a.host, a.port, log=log, scheduler=scheduler)
+    return create_app(scheduler, config), scheduler
