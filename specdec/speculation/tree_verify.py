@@ -31,7 +31,7 @@ import numpy as np
 
 from ..sampling import Rng
 from .drafters.base import DraftTree
-from .verify import DraftProbabilityError, PositionRecord, VerifyResult, alphas, residual
+from .verify import PositionRecord, VerifyResult, alphas, residual, try_token
 
 
 @dataclass(frozen=True)
@@ -59,14 +59,9 @@ def verify_tree(tree: DraftTree, p: np.ndarray, rng: Rng) -> TreeVerifyResult:
     tried: list[tuple[int, PositionRecord]] = []
     node, r, kind = -1, p[0], "bonus"
     while True:
-        for c in tree.children(node):
-            x, q_x = tree.tokens[c], float(tree.q[c, tree.tokens[c]])
-            if q_x <= 0.0:
-                raise DraftProbabilityError(f"drafted token {x} at tree node {c} has q(x) = 0")
-            ratio = float(r[x]) / q_x
-            ok = bool(rng.bernoulli(min(1.0, ratio)))
-            tried.append((c, PositionRecord(int(x), q_x, float(r[x]), ratio, min(1.0, ratio), ok)))
-            if ok:
+        for c in tree.children(node):                     # the children, in order (SpecInfer)
+            tried.append((c, try_token(tree.tokens[c], tree.q[c], r, rng, f"tree node {c}")))
+            if tried[-1][1].accepted:
                 break
             r, kind = residual(r, tree.q[c]), "correction"
         else:

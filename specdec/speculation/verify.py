@@ -71,6 +71,18 @@ def residual(p_i: np.ndarray, q_i: np.ndarray) -> np.ndarray:
     return r / s if s > 0.0 else p_i
 
 
+def try_token(x: int, q_i: np.ndarray, r: np.ndarray, rng: Rng, where: str) -> PositionRecord:
+    """The acceptance step, shared by linear and tree verification: accept the drafted x
+    (drawn from q_i) with probability min(1, r(x)/q_i(x)), r the target's distribution
+    there (p_i, or a tree node's residual after rejected siblings).  One rng.bernoulli."""
+    q_x, r_x = float(q_i[x]), float(r[x])
+    if q_x <= 0.0:
+        raise DraftProbabilityError(f"drafted token {x} at {where} has q(x) = 0")
+    ratio = r_x / q_x
+    accept_prob = min(1.0, ratio)
+    return PositionRecord(int(x), q_x, r_x, ratio, accept_prob, bool(rng.bernoulli(accept_prob)))
+
+
 def verify(draft_tokens: Sequence[int], q: np.ndarray, p: np.ndarray, rng: Rng) -> VerifyResult:
     """Verify n drafted tokens against the target (Leviathan et al. 2023, Algorithm 1).
 
@@ -84,14 +96,8 @@ def verify(draft_tokens: Sequence[int], q: np.ndarray, p: np.ndarray, rng: Rng) 
     alpha = alphas(p, q, draft_tokens)
     records: list[PositionRecord] = []
     for i, x in enumerate(draft_tokens):
-        q_x, p_x = float(q[i, x]), float(p[i, x])
-        if q_x <= 0.0:
-            raise DraftProbabilityError(f"drafted token {x} at position {i + 1} has q(x) = 0")
-        ratio = p_x / q_x
-        accept_prob = min(1.0, ratio)
-        accepted = bool(rng.bernoulli(accept_prob))
-        records.append(PositionRecord(int(x), q_x, p_x, ratio, accept_prob, accepted))
-        if not accepted:                                   # first rejection: resample, stop
+        records.append(try_token(x, q[i], p[i], rng, f"position {i + 1}"))
+        if not records[-1].accepted:                       # first rejection: resample, stop
             token = rng.categorical(residual(p[i], q[i]))
             return VerifyResult(i, int(token), "correction", tuple(records), alpha)
     return VerifyResult(n, int(rng.categorical(p[n])), "bonus", tuple(records), alpha)
