@@ -69,7 +69,8 @@ def tree(pid: int) -> list[int]:
 
 
 def kind(pid: int, root: int) -> str | None:
-    """'replica', 'server' (the plain server) or 'ray' (Ray's own processes)."""
+    """'replica', 'server' (the command started: the plain server, or Ray's driver) or 'ray'
+    (Ray's own processes)."""
     try:
         title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
     except OSError:
@@ -113,6 +114,8 @@ class MemorySampler:
                 rss, pss = mem_kb(pid)
                 rss_t, pss_t = rss_t + rss, pss_t + pss
                 p = self.peak.setdefault(pid, {"kind": k, "rss_mb": 0.0, "pss_mb": 0.0})
+                if k == "replica":          # a Ray worker takes its replica title once assigned
+                    p["kind"] = k
                 p["rss_mb"], p["pss_mb"] = max(p["rss_mb"], rss / 1024), max(p["pss_mb"], pss / 1024)
             self.total_peak["rss_mb"] = max(self.total_peak["rss_mb"], rss_t / 1024)
             self.total_peak["pss_mb"] = max(self.total_peak["pss_mb"], pss_t / 1024)
