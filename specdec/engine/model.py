@@ -244,7 +244,7 @@ def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, st
     head: an output layer to use instead of w.output (Session's n_logits: its first rows).
 
     Writes the new keys/values into `cache` at start_pos..start_pos+M-1 and sets n_past."""
-    return _forward(cfg, w, [(cache, tokens, start_pos, last_only)], head)[0]
+    return _forward(cfg, w, [Item(cache, tokens, start_pos, last_only)], head)[0]
 
 
 def forward_batch(cfg: ModelConfig, weights: Weights, items, head: Linear | None = None) -> list[np.ndarray]:
@@ -255,7 +255,7 @@ def forward_batch(cfg: ModelConfig, weights: Weights, items, head: Linear | None
     Every Linear runs once over all ΣM_i rows (the weights are read once per step), RoPE,
     the KV store and attention per item over its own cache; every kernel is row-independent,
     so each item's logits and cache contents are bitwise those of `forward` on it alone."""
-    return _forward(cfg, weights, [(c, t, c.n_past, lo) for c, t, lo in items], head)
+    return _forward(cfg, weights, [Item(c, t, c.n_past, lo) for c, t, lo in items], head)
 
 
 def forward_tree(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray,
@@ -268,87 +268,124 @@ def forward_tree(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarra
     left as it was (the tree rows are pending until KVCache.move puts a path in place)."""
     start = cache.n_past
     depth, anc = tree_mask(np.asarray(parents, np.int64))
-    out = _forward(cfg, w, [(cache, tokens, start, False)], head, tree=(depth, anc))[0]
+    out = _forward(cfg, w, [Item(cache, tokens, start, False)], head, tree=(depth, anc))[0]
     cache.n_past = start
     return out
 
 
-def _forward(cfg: ModelConfig, w: Weights, items, head: Linear | None,
-             tree: tuple[np.ndarray, np.ndarray] | None = None) -> list[np.ndarray]:
-    """The body of forward, forward_batch and forward_tree.   items: (cache, tokens,
-    start_pos, last_only); tree: (depth (T,), anc (T, T)) of a single item's tree_mask."""
-    H, Hkv, Dh, D = cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_model
-    toks = [np.asarray(t, np.int64) for _, t, _, _ in items]                      # (M_i,) each
+@dataclass(frozen=True)
+class Item:
+    """One sequence's share of a forward pass."""
+    cache: KVCache        # its own KV cache
+    tokens: object        # (M_i,) new token ids
+    start: int            # the position of tokens[0]
+    last_only: bool       # logits of its last row only
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where each item's rows sit in the pass."""
+    toks: list            # (M_i,) int64 each
+    rows: list            # item i: x[rows[i]] (slices of the M rows)
+    pos: np.ndarray       # (M,) each row's RoPE position
+    tree: tuple | None    # (depth (T,), anc (T, T)) of a single item's tree_mask
+
+
+def _plan(items: list[Item], tree) -> Plan:
+    """Check the items (rows, distinct caches, room) and lay their rows end to end."""
+    toks = [np.asarray(it.tokens, np.int64) for it in items]                      # (M_i,) each
     if not items or min(len(t) for t in toks) == 0:
         raise ValueError("forward needs at least one item, each with at least one token")
-    if len({id(it[0]) for it in items}) != len(items):
+    if len({id(it.cache) for it in items}) != len(items):
         raise ValueError("forward_batch: each item needs its own KV cache")
-    for (cache, _, start, _), t in zip(items, toks):
-        cache.n_past = min(cache.n_past, start)
-        cache.check_room(start - cache.n_past + len(t))
+    for it, t in zip(items, toks):
+        it.cache.n_past = min(it.cache.n_past, it.start)
+        it.cache.check_room(it.start - it.cache.n_past + len(t))
     ends = np.cumsum([len(t) for t in toks])                                      # (B,) row ends
-    rows = [slice(e - len(t), e) for t, e in zip(toks, ends)]                     # item i: x[rows[i]]
-    M = int(ends[-1])                                                             # ΣM_i
-    pos = np.concatenate([np.arange(s, s + len(t), dtype=np.int64)              # (M,) each row's
-                          for (_, _, s, _), t in zip(items, toks)])               # own position
+    rows = [slice(e - len(t), e) for t, e in zip(toks, ends)]
+    pos = np.concatenate([np.arange(it.start, it.start + len(t), dtype=np.int64)  # (M,) each row's
+                          for it, t in zip(items, toks)])                         # own position
     if tree is not None:
-        pos = items[0][2] + tree[0]                                               # n_past + depth
-    neox = cfg.rope_type == ROPE_NEOX
-    gemma = cfg.arch == "gemma3"
-    x = kernels.get_rows(w.tok_embd, w.tok_embd_type, np.concatenate(toks), D)  # (M, D)
+        pos = items[0].start + tree[0]                                            # n_past + depth
+    return Plan(toks, rows, pos, tree)
+
+
+def _forward(cfg: ModelConfig, w: Weights, items: list[Item], head: Linear | None,
+             tree: tuple[np.ndarray, np.ndarray] | None = None) -> list[np.ndarray]:
+    """The body of forward, forward_batch and forward_tree: embed, the layers, the head."""
+    plan = _plan(items, tree)
+    x = kernels.get_rows(w.tok_embd, w.tok_embd_type, np.concatenate(plan.toks), cfg.d_model)  # (M, D)
     if cfg.embed_scale != 1.0:
         x *= np.float32(cfg.embed_scale)
-    h = np.empty_like(x)                                                         # (M, D)
-    att = np.empty((M, H, Dh), dtype=np.float32)                                 # (M, H, Dh)
-    rope_cs: dict[tuple, np.ndarray] = {}                                        # (base, local) -> cos, sin
+    rope_cs: dict[tuple, np.ndarray] = {}                       # (base, local) -> cos, sin
     for il, L in enumerate(w.layers):
-        rms_norm(x, L.attn_norm, cfg.norm_eps, h)
-        q, k, v = _qkv(L, h, H, Hkv, Dh)                # (M, H, Dh), (M, Hkv, Dh), (M, Hkv, Dh)
-        if L.q_norm is not None:
-            rms_norm_heads(q, L.q_norm, cfg.norm_eps)
-            rms_norm_heads(k, L.k_norm, cfg.norm_eps)
-        local = cfg.is_local_layer(il)
-        base = cfg.rope_base_local if local else cfg.rope_base
-        if (base, local) not in rope_cs:
-            rope_cs[base, local] = rope_cos_sin(pos, cfg.rope_dim, base, 1.0 if local else cfg.rope_freq_scale,
-                                                rope_factors(cfg, w, local))     # (M, rope_dim/2, 2)
-        if cfg.uses_rope(il):                        # smollm3: every 4th layer has none
-            rope_apply(q, rope_cs[base, local], neox)                            # row m at pos[m]
-            rope_apply(k, rope_cs[base, local], neox)
-        if gemma:                    # llama.cpp scales Q, then attends with kq_scale 1
-            q *= np.float32(cfg.attn_scale)
-        for (cache, _, start, _), r in zip(items, rows):
-            cache.store(il, start, k[r], v[r])                                   # (M_i, Hkv, Dh)
-            scale = np.float32(1.0 if gemma else cfg.attn_scale)
-            window = cfg.sliding_window if local else 0
-            if tree is None:
-                attention(q[r], cache.k[il], cache.v[il], pos[r], scale, window, att[r])  # (M_i, H, Dh)
-            else:
-                attention_tree(q, cache.k[il], cache.v[il], start, tree[0], tree[1], scale, window, att)
-        o = L.wo(att.reshape(M, H * Dh))                                         # (M, D)
-        if L.post_attn_norm is not None:
-            rms_norm(o, L.post_attn_norm, cfg.norm_eps, o)
-        x += o
-        rms_norm(x, L.ffn_norm, cfg.norm_eps, h)
-        gate, up = _gate_up(L, h)                                                # (M, F) each
-        (geglu if gemma else swiglu)(gate, up, gate)
-        f = L.w_down(gate)                                                       # (M, D)
-        if L.post_ffn_norm is not None:
-            rms_norm(f, L.post_ffn_norm, cfg.norm_eps, f)
-        x += f
-    for (cache, _, start, _), t in zip(items, toks):
-        cache.n_past = start + len(t)
-    last = [lo for _, _, _, lo in items]
-    if any(last):                    # the rows that need logits: an item's last, or all of them
+        _layer(cfg, w, il, L, x, items, plan, rope_cs)
+    for it, t in zip(items, plan.toks):
+        it.cache.n_past = it.start + len(t)
+    return _logits(cfg, w, x, items, plan, head)
+
+
+def _layer(cfg: ModelConfig, w: Weights, il: int, L: Layer, x: np.ndarray, items, plan: Plan,
+           rope_cs: dict) -> None:
+    """Layer il on the residual stream x (M, D), in place; each item's keys and values
+    stored in its cache, attention per item over its own cache."""
+    H, Hkv, Dh = cfg.n_head, cfg.n_head_kv, cfg.d_head
+    M = x.shape[0]
+    gemma = cfg.arch == "gemma3"
+    h = np.empty_like(x)                                                         # (M, D)
+    rms_norm(x, L.attn_norm, cfg.norm_eps, h)
+    q, k, v = _qkv(L, h, H, Hkv, Dh)                    # (M, H, Dh), (M, Hkv, Dh), (M, Hkv, Dh)
+    if L.q_norm is not None:
+        rms_norm_heads(q, L.q_norm, cfg.norm_eps)
+        rms_norm_heads(k, L.k_norm, cfg.norm_eps)
+    local = cfg.is_local_layer(il)
+    base = cfg.rope_base_local if local else cfg.rope_base
+    if (base, local) not in rope_cs:
+        rope_cs[base, local] = rope_cos_sin(plan.pos, cfg.rope_dim, base, 1.0 if local else cfg.rope_freq_scale,
+                                            rope_factors(cfg, w, local))         # (M, rope_dim/2, 2)
+    if cfg.uses_rope(il):                            # smollm3: every 4th layer has none
+        rope_apply(q, rope_cs[base, local], cfg.rope_type == ROPE_NEOX)          # row m at pos[m]
+        rope_apply(k, rope_cs[base, local], cfg.rope_type == ROPE_NEOX)
+    if gemma:                        # llama.cpp scales Q, then attends with kq_scale 1
+        q *= np.float32(cfg.attn_scale)
+    att = np.empty((M, H, Dh), dtype=np.float32)                                 # (M, H, Dh)
+    scale = np.float32(1.0 if gemma else cfg.attn_scale)
+    window = cfg.sliding_window if local else 0
+    for it, r in zip(items, plan.rows):
+        it.cache.store(il, it.start, k[r], v[r])                                 # (M_i, Hkv, Dh)
+        if plan.tree is None:
+            attention(q[r], it.cache.k[il], it.cache.v[il], plan.pos[r], scale, window, att[r])
+        else:
+            attention_tree(q, it.cache.k[il], it.cache.v[il], it.start, plan.tree[0], plan.tree[1],
+                           scale, window, att)
+    o = L.wo(att.reshape(M, H * Dh))                                             # (M, D)
+    if L.post_attn_norm is not None:
+        rms_norm(o, L.post_attn_norm, cfg.norm_eps, o)
+    x += o
+    rms_norm(x, L.ffn_norm, cfg.norm_eps, h)
+    gate, up = _gate_up(L, h)                                                    # (M, F) each
+    (geglu if gemma else swiglu)(gate, up, gate)
+    f = L.w_down(gate)                                                           # (M, D)
+    if L.post_ffn_norm is not None:
+        rms_norm(f, L.post_ffn_norm, cfg.norm_eps, f)
+    x += f
+
+
+def _logits(cfg: ModelConfig, w: Weights, x: np.ndarray, items, plan: Plan,
+            head: Linear | None) -> list[np.ndarray]:
+    """The output norm and head over the rows that need logits (an item's last, or all of
+    them) -> (M'_i, V) per item."""
+    last = [it.last_only for it in items]
+    if any(last):
         x = x[np.concatenate([np.arange(r.stop - 1 if lo else r.start, r.stop)
-                              for r, lo in zip(rows, last)])]                   # (ΣM'_i, D)
+                              for r, lo in zip(plan.rows, last)])]               # (ΣM'_i, D)
     rms_norm(x, w.out_norm, cfg.norm_eps, x)
     logits = (head or w.output)(x)                                               # (ΣM'_i, V)
     if cfg.final_logit_softcap > 0:                  # gemma3 files that set one
         logits *= np.float32(1.0 / cfg.final_logit_softcap)
         np.tanh(logits, out=logits)
         logits *= np.float32(cfg.final_logit_softcap)
-    n_kept = [1 if lo else len(t) for t, lo in zip(toks, last)]                   # M'_i: 1 or M_i
+    n_kept = [1 if lo else len(t) for t, lo in zip(plan.toks, last)]              # M'_i: 1 or M_i
     return np.split(logits, np.cumsum(n_kept)[:-1])                              # (M'_i, V) each
 
 
