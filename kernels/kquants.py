@@ -2,18 +2,18 @@
 
 ``MATMUL[qtype](w, x, out)``: out[m, n] = dot(W[n, :], x[m, :]) the way llama.cpp's CPU
 backend computes it (ggml_vec_dot_qX_K_q8_K): each activation row is quantized to Q8_K
-(q8k.py), every super-block of 256 is an exact integer dot product per scale group, scaled
-by d·dx (and the mins by dmin·dx), accumulated in float32 super-block after super-block
-(16 lanes, folded in a fixed order at the end; see kquants_ir).
+(q8k.py), every super-block of 256 gives two exact integers (the scaled dot product and the
+mins' sum), scaled by d·dx and dmin·dx and accumulated in float32 super-block after
+super-block (the contract in kquants_ir; its NumPy statement: kernels/reference.kquant_dot).
 
     w    uint8 (N, row_bytes) raw GGUF rows, zero-copy, C-contiguous
     x    float32 (M, K), K % 256 == 0
     out  float32 (M, N), filled in place
 
-Each weight super-block is read and decoded once and used for all M rows (kquants_ir);
-no dequantized copy of a weight matrix is ever built.  Row independence: out[m] depends on
-x[m] only, bitwise, whatever M and the thread count are — whichever code path M selects
-(one register-resident path per M <= MAX_STATIC_M, tiles above), every (n, m) goes through
+Each weight super-block is read and decoded once and used for all M rows (kquants_ir;
+on AMX, kquants_amx for passes of MIN_M rows and more); no dequantized copy of a weight
+matrix is ever built.  Row independence: out[m] depends on x[m] only, bitwise, whatever M,
+the path and the thread count are: every (n, m) goes through the same exact integers and
 the same fixed sequence of float operations.
 
 ``GET_ROWS[qtype](w, ids, out)``: bit-exact dequantization of rows ``ids`` (kquants_dequant).

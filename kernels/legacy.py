@@ -1,7 +1,8 @@
 """Matmul and row lookup for the non-K formats: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
 
 ``MATMUL[qtype](w, x, out)``: out[m, n] = dot(W[n, :], x[m, :]) without ever building a
-dequantized copy of W.
+dequantized copy of W.  The plain NumPy statement of each: kernels/reference.legacy_dot
+(quantized formats) and reference.float_dot (F32, F16, BF16).
 
 * Q4_0 / Q5_0 / Q8_0: x is quantized to Q8_0 blocks and Q4_1 / Q5_1 to Q8_1 blocks
   (q8_act.py), then each 32-block contributes an exact int32 dot product scaled in

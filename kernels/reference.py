@@ -6,6 +6,9 @@ The tests compare the kernels with these bit for bit.
 
     kquant_parts(qtype, w)          K-quant rows -> codes u, group scales sc and mins mn, d, dmin, off
     kquant_dot(qtype, w, x)         out (M, N) of the K-quant × Q8_K contract (kquants_ir)
+    legacy_parts(qtype, w)          Q4_0 … Q8_0 rows -> signed codes, d, m per block of 32
+    legacy_dot(qtype, w, x)         out (M, N) of the legacy × Q8_0/Q8_1 contract (legacy_ir)
+    float_dot(w, x)                 out (M, N) of the float-weight contract (32 lanes, fixed tree)
     fma32(a, b, c)                  a·b + c rounded once to float32 (llvm.fma), element-wise
 """
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
+from .formats import FORMATS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK_K
+from .q8_act import quantize_q8
 from .q8k import natural_order, quantize_q8_k
 
 
@@ -129,3 +133,61 @@ def kquant_dot(qtype: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
             imin = (bs @ parts.mn[:, b].T.astype(np.int64)).astype(np.int32)   # (M, N)
             acc = fma32(-parts.dmin[None, :, b] * dx, imin.astype(np.float32), acc)
     return acc
+
+
+# byte layout of a legacy block of 32: (fp16 fields d[, m], offset of qh or None, of qs, code offset)
+LEGACY_LAYOUT = {Q4_0: ((0,), None, 2, 8), Q4_1: ((0, 2), None, 4, 0), Q5_0: ((0,), 2, 6, 16),
+                 Q5_1: ((0, 2), 4, 8, 0), Q8_0: ((0,), None, 2, 0)}
+
+
+def legacy_parts(qtype: int, w: np.ndarray):
+    """uint8 (N, row_bytes) -> (codes int64 (N, nb, 32), d, m float32 (N, nb) or None):
+    W = d·codes (+ m for Q4_1 / Q5_1), codes = u − offset (dequantize_row_q4_0 …)."""
+    f16s, qh_at, qs_at, off = LEGACY_LAYOUT[qtype]
+    n = w.shape[0]
+    blk = w.reshape(n, -1, FORMATS[qtype].type_size)
+    scales = [_f16(blk, o) for o in f16s]
+    if qtype == Q8_0:
+        codes = blk[:, :, 2:].copy().view(np.int8).astype(np.int64)
+    else:
+        qs = blk[:, :, qs_at:qs_at + 16].astype(np.int64)
+        codes = np.concatenate([qs & 15, qs >> 4], axis=-1)
+        if qh_at is not None:
+            qh = blk[:, :, qh_at:qh_at + 4].copy().view(np.uint32).astype(np.int64)
+            codes |= ((qh >> np.arange(32)) & 1) << 4
+        codes -= off
+    return codes, scales[0], (scales[1] if len(scales) > 1 else None)
+
+
+def legacy_dot(qtype: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """out (M, N) float32 by the legacy contract (legacy_ir): x quantized to Q8_0 / Q8_1
+    (q8_act.py); per block b in order, acc += (d_w·d_x)·float(isum) [+ m_w·s_x] with isum
+    the exact integer dot product."""
+    act = quantize_q8(np.ascontiguousarray(x, np.float32))
+    codes, dw, mw = legacy_parts(qtype, w)
+    q = act.q.reshape(x.shape[0], -1, 32).astype(np.int64)
+    isum = np.einsum("nbj,mbj->mnb", codes, q)                     # exact, (M, N, nb)
+    acc = np.zeros((x.shape[0], w.shape[0]), np.float32)
+    for b in range(codes.shape[1]):
+        t = (dw[None, :, b] * act.d[:, None, b]) * isum[:, :, b].astype(np.float32)
+        if mw is not None:
+            t = t + mw[None, :, b] * act.s[:, None, b]
+        acc = acc + t
+    return acc
+
+
+def float_dot(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """out (M, N) float32 for float weights w (N, K) given as exact float32: 32 interleaved
+    float32 partial sums l[0..31]; v[j] = (l[j]+l[j+8]) + (l[j+16]+l[j+24]);
+    ((v0+v1)+(v2+v3))+((v4+v5)+(v6+v7)); then the K mod 32 tail in order (legacy_ir)."""
+    a, k = np.asarray(w, np.float32), x.shape[1]
+    k32 = k - k % 32
+    lanes = np.zeros((x.shape[0], w.shape[0], 32), np.float32)
+    for i in range(0, k32, 32):
+        lanes = lanes + a[None, :, i:i + 32] * x[:, None, i:i + 32]
+    v = (lanes[..., 0:8] + lanes[..., 8:16]) + (lanes[..., 16:24] + lanes[..., 24:32])
+    total = ((v[..., 0] + v[..., 1]) + (v[..., 2] + v[..., 3])) \
+        + ((v[..., 4] + v[..., 5]) + (v[..., 6] + v[..., 7]))
+    for i in range(k32, k):
+        total = total + a[None, :, i] * x[:, None, i]
+    return total

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import gguf
 
 from fakes import PAIR_FACTORIES
-from specdec.kernels import formats
+from specdec.kernels import formats, reference
 from specdec.sampling import SamplerParams, probs
 from specdec.speculation.trace import StepRecord
 
@@ -152,16 +152,5 @@ def widen(w: np.ndarray, qt) -> np.ndarray:
 
 
 def emulate_float(w: np.ndarray, qt, x: np.ndarray) -> np.ndarray:
-    """32 interleaved float32 partial sums l[0..31]; v[j] = (l[j]+l[j+8]) + (l[j+16]+l[j+24]);
-    ((v0+v1)+(v2+v3))+((v4+v5)+(v6+v7)); then the K mod 32 tail in order."""
-    a, k = widen(w, qt), x.shape[1]
-    k32 = k - k % 32
-    lanes = np.zeros((x.shape[0], w.shape[0], 32), np.float32)
-    for i in range(0, k32, 32):
-        lanes = lanes + a[None, :, i:i + 32] * x[:, None, i:i + 32]
-    v = (lanes[..., 0:8] + lanes[..., 8:16]) + (lanes[..., 16:24] + lanes[..., 24:32])
-    total = ((v[..., 0] + v[..., 1]) + (v[..., 2] + v[..., 3])) \
-        + ((v[..., 4] + v[..., 5]) + (v[..., 6] + v[..., 7]))
-    for i in range(k32, k):
-        total = total + a[None, :, i] * x[:, None, i]
-    return total
+    """kernels/reference.float_dot of float-format weights (widened exactly)."""
+    return reference.float_dot(widen(w, qt), x)

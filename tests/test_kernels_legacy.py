@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from specdec.kernels import formats, legacy, legacy_ir, repack
+from specdec.kernels import formats, legacy, legacy_ir, reference, repack
 from specdec.kernels.q8_act import q8_0_bytes, quantize_q8
 from helpers import FLOATS, LAYOUT, emulate_float, make_weights, real_model_path, widen
 
@@ -29,41 +29,13 @@ def dequant(w: np.ndarray, qt) -> np.ndarray:
 
 
 def parse_blocks(w: np.ndarray, qt):
-    """uint8 (n, row_bytes) -> (codes w_int int64 (n, nb, 32), d, m float32 (n, nb)).
-
-    W = d * w_int (+ m for the _1 formats); w_int = u - offset.
-    """
-    f16s, qh_at, qs_at, off = LAYOUT[qt]
-    n = w.shape[0]
-    blk = w.reshape(n, -1, formats.FORMATS[int(qt)].type_size)
-    scales = [blk[:, :, o:o + 2].copy().view(np.float16)[..., 0].astype(np.float32) for o in f16s]
-    if qt == T.Q8_0:
-        codes = blk[:, :, 2:].view(np.int8).astype(np.int64)
-    else:
-        qs = blk[:, :, qs_at:qs_at + 16].astype(np.int64)
-        codes = np.concatenate([qs & 15, qs >> 4], axis=-1)
-        if qh_at is not None:
-            qh = blk[:, :, qh_at:qh_at + 4].copy().view(np.uint32).astype(np.int64)
-            codes |= ((qh >> np.arange(32)) & 1) << 4
-        codes -= off
-    mins = scales[1] if len(scales) > 1 else None
-    return codes, scales[0], mins
+    """kernels/reference.legacy_parts: (codes int64 (n, nb, 32), d, m float32 (n, nb))."""
+    return reference.legacy_parts(int(qt), w)
 
 
 def emulate_quant(w: np.ndarray, qt, x: np.ndarray) -> np.ndarray:
-    """The documented float32 sequence, in numpy: per block, in order,
-    acc += (d_w*d_x)*float(isum) [+ m_w*s_x], with isum the exact integer dot product."""
-    act = quantize_q8(x)
-    codes, dw, mw = parse_blocks(w, qt)
-    q = act.q.reshape(x.shape[0], -1, 32).astype(np.int64)
-    isum = np.einsum("nbj,mbj->mnb", codes, q)  # exact, (M, N, nb)
-    acc = np.zeros((x.shape[0], w.shape[0]), np.float32)
-    for b in range(codes.shape[1]):
-        t = (dw[None, :, b] * act.d[:, None, b]) * isum[:, :, b].astype(np.float32)
-        if mw is not None:
-            t = t + mw[None, :, b] * act.s[:, None, b]
-        acc = acc + t
-    return acc
+    """kernels/reference.legacy_dot: the documented float32 sequence, in numpy."""
+    return reference.legacy_dot(int(qt), w, x)
 
 
 def matmul(w, qt, x) -> np.ndarray:
