@@ -22,6 +22,7 @@ off; `specdec models` lists the folders and their sizes.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -66,11 +67,18 @@ class Prepared:
 
 
 def _file_key(path: str, params: str) -> str:
+    """A key of the file's identity: layout version, parameters, size, mtime and its first
+    and last MiB (read once per process for a given size and mtime)."""
     st = os.stat(path)
-    h = hashlib.sha256(f"{LAYOUT_VERSION}|{params}|{st.st_size}|{st.st_mtime_ns}|".encode())
+    return _key_of(os.path.abspath(path), params, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _key_of(path: str, params: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256(f"{LAYOUT_VERSION}|{params}|{size}|{mtime_ns}|".encode())
     with open(path, "rb") as f:
         h.update(f.read(1 << 20))
-        f.seek(max(0, st.st_size - (1 << 20)))
+        f.seek(max(0, size - (1 << 20)))
         h.update(f.read(1 << 20))
     return h.hexdigest()
 
