@@ -222,6 +222,8 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prefill-chunk", type=int, default=256, metavar="N",
                    help="while other requests decode, evaluate a long prompt N rows per step "
                         "(0: whole prompts at once; default: 256)")
+    g.add_argument("--no-webui", action="store_true",
+                   help="no chat page at / (default: one, docs/serve.md#the-chat-page)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,6 +6,7 @@
     POST /v1/completions         prompt -> text           (stream: server-sent events)
     POST /v1/chat/completions    messages -> message      (the model's chat template)
     GET  /metrics                Prometheus text (metrics.py)
+    GET  /                       the chat page (webui.py; --no-webui: off)
 
 Every error is {"error": {"message", "type", "param", "code"}} with a 4xx status (bad input:
 400, unknown model or route: 404, a full queue or a draining server: 503 with Retry-After);
@@ -41,6 +42,8 @@ from specdec.sampling import SamplerParams
 
 from .logprobs import MAX_TOP, chat_logprobs, completion_logprobs
 from .scheduler import Cancelled, Job, JobResult, QueueFull, Scheduler, ShuttingDown
+from .tokenlog import ExtBuffer, whole
+from .webui import add_webui, is_public
 
 RETRY_AFTER_S = 1
 FINISH = {"eog": "stop", "stop": "stop", "n_predict": "length", "ctx_full": "length"}
@@ -72,6 +75,13 @@ class _Common(BaseModel):
     n_probs: Optional[int] = Field(None, ge=0, le=MAX_TOP)        # llama-server's N
     post_sampling_probs: bool = False                      # llama-server: the sampler's p
     prediction: Optional[Union[Prediction, str]] = None    # predicted output (a bare string too)
+    specdec: Optional[SpecdecOptions] = None               # opt-in extension data (tokenlog.py)
+
+
+class SpecdecOptions(BaseModel):
+    """`specdec: {"tokens": true}`: each token's kind and each step's trace record (tokenlog.py)."""
+    model_config = ConfigDict(extra="forbid")
+    tokens: bool = False
 
 
 class _Part(BaseModel):
@@ -138,6 +148,7 @@ class ServeConfig:
     max_body: int = 8 << 20                  # bytes; a larger body is a 413
     max_tokens_limit: int | None = None      # most tokens a request may ask for (None: the slot)
     body_timeout: float = 30.0               # seconds to receive a body; slower is a 408
+    webui: bool = True                       # the chat page at / (webui.py; --no-webui: off)
 
 
 def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
@@ -151,7 +162,10 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
 
     app = FastAPI(title="specdec serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     if config.api_keys:
-        app.add_middleware(BearerAuth, keys=config.api_keys)
+        app.add_middleware(BearerAuth, keys=config.api_keys,
+                           public=is_public if config.webui else (lambda path: False))
+    if config.webui:
+        add_webui(app)
     model = scheduler.model
     created = int(time.time())
 
@@ -258,7 +272,8 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
         return Job(ids, n, params, draft, prediction=prediction, seed=config.seed if body.seed is None else (None if body.seed == -1 else body.seed),
                    stop=stop, ignore_eos=body.ignore_eos, stream=body.stream,
                    logprobs=_n_top(body, chat),
-                   post_sampling=body.post_sampling_probs)
+                   post_sampling=body.post_sampling_probs,
+                   tokens=bool(body.specdec and body.specdec.tokens))
 
     async def _serve(body: _Common, ids: list[int], request: Request, chat: bool):
         job = _job(body, ids, chat)
@@ -287,7 +302,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
                         return JSONResponse(error_body("client disconnected"), status_code=499)
                     continue
                 if kind == "done":
-                    return shape.full(value)
+                    return whole(job, shape.full(value))
                 if kind == "error":
                     raise _as_api_error(value)
         finally:
@@ -314,12 +329,12 @@ def _n_top(body: _Common, chat: bool) -> int | None:
 
 
 class BearerAuth:
-    """ASGI middleware: every route but /health requires `Authorization: Bearer KEY` with one of
-    `keys` (each compared in constant time, all of them every time); else a 401 with
-    OpenAI's error body."""
+    """ASGI middleware: every route but /health (and the `public` ones: the chat page's files)
+    requires `Authorization: Bearer KEY` with one of `keys` (each compared in constant time,
+    all of them every time); else a 401 with OpenAI's error body."""
 
-    def __init__(self, app, keys: tuple[str, ...]):
-        self.app, self.keys = app, tuple(k.encode() for k in keys)
+    def __init__(self, app, keys: tuple[str, ...], public=lambda path: False):
+        self.app, self.keys, self.public = app, tuple(k.encode() for k in keys), public
 
     def authorized(self, header: bytes) -> bool:
         scheme, _, token = header.partition(b" ")
@@ -329,7 +344,7 @@ class BearerAuth:
         return ok and scheme.lower() == b"bearer"
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] != "/health":
+        if scope["type"] == "http" and scope["path"] != "/health" and not self.public(scope["path"]):
             header = dict(scope.get("headers") or ()).get(b"authorization", b"")
             if not self.authorized(header):
                 msg = ("missing API key: send 'Authorization: Bearer KEY'" if not header else
@@ -400,6 +415,7 @@ async def _sse(job: Job, events: asyncio.Queue, shape: "_Shape", usage_chunk: bo
     def data(obj) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
     pending: list = []                      # logprobs of the tokens behind the next delta
+    ext = ExtBuffer()                       # the `specdec` extension (tokenlog.py), if asked
     try:
         if shape.chat:
             yield data(shape.chunk("", role=True))
@@ -407,11 +423,13 @@ async def _sse(job: Job, events: asyncio.Queue, shape: "_Shape", usage_chunk: bo
             kind, value = await events.get()
             if kind == "logprobs":
                 pending += value
+            elif kind == "specdec":
+                ext.add(value)
             elif kind == "text":
-                yield data(shape.chunk(value, lps=pending))
+                yield data(ext.attach(shape.chunk(value, lps=pending)))
                 pending = []
             elif kind == "done":
-                yield data(shape.last_chunk(value, pending))
+                yield data(ext.attach(shape.last_chunk(value, pending), last=True))
                 if usage_chunk:
                     yield data({**shape.head(), "choices": [], "usage": _usage(value)})
                 break

@@ -121,7 +121,8 @@ def build(a, *, load, draft_options, set_threads, log, quant=None):
             ids.append(name)
     config = ServeConfig(tuple(ids), params, a.n_predict, None if a.seed in (None, -1) else a.seed,
                          draft, api_keys=keys, max_body=a.max_body,
-                         max_tokens_limit=a.max_tokens_limit, body_timeout=a.body_timeout)
+                         max_tokens_limit=a.max_tokens_limit, body_timeout=a.body_timeout,
+                         webui=not getattr(a, "no_webui", False))
     warning = open_warning(a.host, keys)
     if warning:
         log(warning)

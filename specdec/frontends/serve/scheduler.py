@@ -40,6 +40,7 @@ from specdec.tokenizer import StreamDecoder
 
 from .logprobs import RowCursor, TokenLogprob, token_logprob
 from .metrics import Metrics
+from .tokenlog import TokenLog
 
 
 class QueueFull(SpecdecError):
@@ -187,6 +188,7 @@ class Job:
     stream: bool = True                     # text (and logprobs) events per step
     logprobs: int | None = None
     post_sampling: bool = False
+    tokens: bool = False                    # the `specdec` extension: ('specdec', dict) events
     on_event: Callable[[str, object], None] | None = None
     id: int = 0
     submitted: float = field(default_factory=time.perf_counter)
@@ -200,6 +202,7 @@ class Job:
     text_offsets: list[int] = field(default_factory=list)              # its first character
     _lp_sent: int = 0                       # token_logprobs already sent as an event
     _delta: list[str] = field(default_factory=list)    # text of this step, not yet sent
+    tokenlog: TokenLog | None = None        # with `tokens`: each token's kind, each step's record
 
     def cancel(self) -> None:
         """Ask the scheduler to stop this request and free its slot at its next step."""
@@ -435,8 +438,11 @@ class Scheduler:
                 raise ConfigError("logprobs / n_probs are not computed with --draft-tree > 1")
             rows = RowCursor() if job.logprobs is not None else None
             lp_params = job.params if job.post_sampling else None
+            log = job.tokenlog = TokenLog(text, runner.options.describe()) if job.tokens else None
 
             def on_token(token: int, kind: str) -> bool:
+                if log is not None:
+                    log.token(token, kind, len(text.text))
                 if rows is not None:
                     job.text_offsets.append(len(text.text))
                     job.token_logprobs.append(token_logprob(rows.take(), token, job.logprobs, lp_params))
@@ -448,7 +454,7 @@ class Scheduler:
                 return stopped
 
             n_predict = job.n_predict if job.n_predict >= 0 else self.n_ctx
-            steps = runner.steps(job.prompt_ids, n_predict, on_token=on_token)
+            steps = runner.steps(job.prompt_ids, n_predict, on_token=on_token, trace=log)
             a = _Active(job, slot, steps, None, text, runner=runner, rows=rows)
             try:
                 a.pending = next(steps)
@@ -550,6 +556,9 @@ class Scheduler:
         if job.logprobs is not None and job._lp_sent < len(job.token_logprobs):
             self._emit(job, "logprobs", job.token_logprobs[job._lp_sent:])
             job._lp_sent = len(job.token_logprobs)
+        ext = job.tokenlog.take(final) if job.tokenlog is not None else None
+        if ext:
+            self._emit(job, "specdec", ext)
         if job._delta:
             delta, job._delta = "".join(job._delta), []
             self._emit(job, "text", delta)
