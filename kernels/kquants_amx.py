@@ -33,7 +33,8 @@ from typing import NamedTuple
 
 from . import amx
 from .formats import FORMATS, KQUANTS, Q2_K, Q4_K, Q5_K, QK_K
-from .ir import F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, prefetch, shuffle, splat, splat_v16f32
+from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, prefetch, shuffle, shuffle2, splat,
+                 splat_v16f32)
 from .q8k import natural_order
 from .kquants_ir import (DECODERS, PREFETCH_BLOCKS, REPACKED_DECODERS, ROWS, float_update,
                          have_f16c)
@@ -41,7 +42,6 @@ from .kquants_ir import (DECODERS, PREFETCH_BLOCKS, REPACKED_DECODERS, ROWS, flo
 M_TILE = 16                     # activation rows per B tile (its 16 int32 columns of C)
 MIN_M = 16                      # passes of this many rows and more take the tiles (docs/architecture.md, AMX)
 CONFIG = amx.tile_config({t: (16, 64) for t in range(8)})
-V64I16 = ir.VectorType(I16, 64)
 _STEP = 1024                    # bytes of one 16 x 64 tile
 
 
@@ -91,15 +91,21 @@ def _tile_step(pair: bool) -> str:
 def _emit_fold(builder, dec, j, a_hi, a_lo, mnp, n_mins):
     """Step 1 for weight row j of the tile: w = sc·(u − off) as hi, lo bytes; the mins as
     int16 pairs (mnp[j][p] = mins 2p and 2p+1; Q4_K / Q5_K hold min j in lanes 2j, 2j+1)."""
-    lane_of_byte = [p // 4 for p in range(64)]
-    sc = shuffle(builder, builder.trunc(dec.sc, ir.VectorType(I16, 16)), lane_of_byte)
+    v32i16 = ir.VectorType(I16, 32)
+    sc16 = builder.trunc(dec.sc, ir.VectorType(I16, 16))
+    sc = [shuffle(builder, sc16, [p // 4 for p in range(32 * h, 32 * h + 32)]) for h in range(2)]
+    even = list(range(0, 128, 2))                    # the low bytes of 64 words (vpermt2b)
     for k, v in enumerate(dec.u):
-        u = builder.zext(builder.bitcast(v, V64I8), V64I16)
-        if dec.off:
-            u = builder.sub(u, ir.Constant(V64I16, dec.off))
-        w = builder.mul(u, sc)
-        hi = builder.trunc(builder.ashr(w, ir.Constant(V64I16, 6)), V64I8)
-        lo = builder.trunc(builder.and_(w, ir.Constant(V64I16, 63)), V64I8)
+        u8 = builder.bitcast(v, V64I8)
+        w = []
+        for h in range(2):                            # bytes 32h … 32h+31 as words
+            u = builder.zext(shuffle(builder, u8, range(32 * h, 32 * h + 32)), v32i16)
+            if dec.off:
+                u = builder.sub(u, ir.Constant(v32i16, dec.off))
+            w.append(builder.mul(u, sc[h]))
+        hi = shuffle2(builder, *(builder.bitcast(builder.ashr(x, ir.Constant(v32i16, 6)), V64I8) for x in w), even)
+        lo = builder.and_(shuffle2(builder, *(builder.bitcast(x, V64I8) for x in w), even),
+                          ir.Constant(V64I8, 63))
         for base, val in ((a_hi, hi), (a_lo, lo)):
             p = builder.gep(base, [I64(_STEP * k + 64 * j)], source_etype=I8)
             builder.store(val, builder.bitcast(p, V64I8.as_pointer()), align=1)
