@@ -135,6 +135,7 @@ async function send(text) {
   const body = { messages: [...(system ? [{ role: "system", content: system }] : []), ...history, user],
                  stream: true, specdec: { tokens: true }, ...options() };
   const a = newAnswer();
+  a.sampled = body.temperature === undefined || body.temperature > 0;
   busy = new AbortController();
   $("send").disabled = true;
   $("stop").disabled = false;
@@ -230,8 +231,8 @@ function drawPanel(a) {
   for (const t of a.tokens) kinds[t.kind] = (kinds[t.kind] || 0) + 1;
   if (s.drafting) stat(p, "drafting", "drafting", s.drafting);
   if (s.n_steps) {
-    const src = Object.entries(s.by_source).map(([k, v]) =>
-      (k || "drafter") + ": " + v.steps + " steps, " + v.accepted + "/" + v.drafted + " accepted").join(" · ");
+    const src = Object.entries(s.by_source).map(([k, v]) => (k === "none" || !k) ? "nothing drafted: " + v.steps + " steps" :
+      k + ": " + v.steps + " steps, " + v.accepted + "/" + v.drafted + " accepted").join(" · ");
     stat(p, "drafters", "drafter used", src);
     stat(p, "tokens_per_step", "tokens per target pass", s.tokens_per_step.toFixed(2) + " (" + s.n_emitted +
          " tokens in " + s.n_steps + " passes)", s.tokens_per_step);
@@ -253,7 +254,8 @@ function drawPanel(a) {
     const q = a.plain;
     const text = q.pending ? "running the request without drafting…" : q.error ? q.error :
       q.tps.toFixed(1) + " tokens/s without drafting" + (a.timings ? ": speedup " +
-        (a.timings.predicted_per_second / q.tps).toFixed(2) + "×" : "") + (q.same ? "; the same text" : "; a different text");
+        (a.timings.predicted_per_second / q.tps).toFixed(2) + "×" : "") + (q.same ? "; the same text" :
+        a.sampled ? "; another sample of the same distribution" : "; a different text");
     stat(p, "compare", "against plain", text, q.tps);
   }
 }
