@@ -135,21 +135,18 @@ def check_path() -> None:
         raise ValueError(f"{KERNELS_ENV}=amx: {amx.status()} ({host().model_name})")
 
 
-def tiles(family: str = "legacy") -> bool:
-    """Whether passes of many rows run on AMX tiles, for a kernel family: the K-quants
-    (kquants_amx) wherever AMX is usable and no other path is forced; the legacy quants
-    (legacy_amx) only when forced with SPECDEC_KERNELS=amx, measured no faster than their
-    VNNI tile (docs/architecture.md, AMX)."""
-    if not amx.available() or _forced.get("path", "amx") != "amx":
-        return False
-    return family == "kquants" or _forced.get("path") == "amx"
+def tiles() -> bool:
+    """Whether the legacy quants' passes of many rows run on AMX tiles: only when forced
+    (SPECDEC_KERNELS=amx) on a host that can; measured no faster than the VNNI tile under
+    the exact per-block float contract, so not the default (docs/architecture.md, AMX)."""
+    return _forced.get("path") == "amx" and amx.available()
 
 
 def path() -> str:
     """The instruction path the kernels run: 'amx' (forced: tiles for passes of many rows,
     vnni below them), 'vnni', 'avx2' or 'portable'."""
     if have_vnni512():
-        return "amx" if tiles("kquants") else "vnni"
+        return "amx" if tiles() else "vnni"
     return "avx2" if have_avx2() else "portable"
 
 
@@ -157,8 +154,8 @@ def kernel_paths() -> dict[str, str]:
     """Which instruction path each kernel family compiles to with the current target."""
     dot = "avx2 vpmaddubsw + vpmaddwd" if have_avx2() else "portable (no AVX2)"
     return {"path": path(), "forced": _forced.get("path", ""),
-            "amx": ("tdpbssd tiles: K-quants" + (", legacy quants" if tiles() else "") +
-                    ", passes of >= 16 rows" if tiles("kquants") else amx.status()),
+            "amx": ("tdpbsud tiles: legacy quants, passes of >= 16 rows" if tiles() else
+                    "available, off unless SPECDEC_KERNELS=amx" if amx.available() else amx.status()),
             "kquants": "avx512-vnni 512-bit" if have_vnni512() else dot,
             "legacy": "avx512-vnni 256-bit" if have_vnni256() else dot,
             "fp16": "f16c" if have_f16c() else "exact software conversion",

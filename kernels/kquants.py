@@ -2,18 +2,19 @@
 
 ``MATMUL[qtype](w, x, out)``: out[m, n] = dot(W[n, :], x[m, :]) the way llama.cpp's CPU
 backend computes it (ggml_vec_dot_qX_K_q8_K): each activation row is quantized to Q8_K
-(q8k.py), every super-block of 256 gives two exact integers (the scaled dot product and the
-mins' sum), scaled by d·dx and dmin·dx and accumulated in float32 super-block after
-super-block (the contract in kquants_ir; its NumPy statement: kernels/reference.kquant_dot).
+(q8k.py), every super-block of 256 is an exact integer dot product per scale group, scaled
+by d·dx (and the mins by dmin·dx), accumulated in float32 super-block after super-block
+(16 lanes, folded in a fixed order at the end; see kquants_ir; the same in plain NumPy:
+kernels/reference.kquant_dot).
 
     w    uint8 (N, row_bytes) raw GGUF rows, zero-copy, C-contiguous
     x    float32 (M, K), K % 256 == 0
     out  float32 (M, N), filled in place
 
-Each weight super-block is read and decoded once and used for all M rows (kquants_ir;
-on AMX, kquants_amx for passes of MIN_M rows and more); no dequantized copy of a weight
-matrix is ever built.  Row independence: out[m] depends on x[m] only, bitwise, whatever M,
-the path and the thread count are: every (n, m) goes through the same exact integers and
+Each weight super-block is read and decoded once and used for all M rows (kquants_ir);
+no dequantized copy of a weight matrix is ever built.  Row independence: out[m] depends on
+x[m] only, bitwise, whatever M and the thread count are — whichever code path M selects
+(one register-resident path per M <= MAX_STATIC_M, tiles above), every (n, m) goes through
 the same fixed sequence of float operations.
 
 ``GET_ROWS[qtype](w, ids, out)``: bit-exact dequantization of rows ``ids`` (kquants_dequant).
@@ -23,10 +24,9 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads
 
-from . import cpu, kquants_amx
 from . import kquants_dequant as dq
 from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
-from .kquants_ir import MATMUL_Q8K, MATMUL_Q8K_REPACKED
+from .kquants_ir import MATMUL_Q8K
 from .q8k import quantize_q8_k
 
 
@@ -51,11 +51,8 @@ def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: n
     _check_weights(qtype, w, k)
     if out.shape != (m, w.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, w.shape[0])}")
-    if m >= kquants_amx.MIN_M and cpu.tiles("kquants"):      # the same bits (kquants_amx)
-        kquants_amx.matmul_q8k(qtype, w, xq, xd, out, repacked=drivers is MATMUL_Q8K_REPACKED)
-        return
     n_chunks = max(1, min(get_num_threads(), w.shape[0]))   # one contiguous chunk per thread
-    drivers[qtype](w, xq, xd, out, n_chunks)
+    drivers[qtype](w, xq, xd, xbs, out, n_chunks)
 
 
 def _matmul_fn(qtype: int):
@@ -79,15 +76,6 @@ def _get_rows_fn(qtype: int, kernel):
         kernel(w, ids, out)
     get_rows.__name__ = f"get_rows_{FORMATS[qtype].name.lower()}"
     return get_rows
-
-
-def matmul_fn(qtype: int):
-    """-> fn(w, x) -> out: MATMUL[qtype] allocating its output (for tests and tools)."""
-    def run(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-        out = np.empty((x.shape[0], w.shape[0]), np.float32)
-        MATMUL[qtype](w, np.ascontiguousarray(x, np.float32), out)
-        return out
-    return run
 
 
 MATMUL = {qt: _matmul_fn(qt) for qt in MATMUL_Q8K}

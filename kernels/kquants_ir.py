@@ -1,48 +1,40 @@
 """K-quant × Q8_K matmul kernels: SIMD super-block code as Numba intrinsics, prange drivers.
 
-Plain Numba cannot keep decoded weight blocks in vector registers across a loop over the
-activation rows, so the work of one thread is written in portable LLVM vector IR:
-``make_chunk_kernel(qtype)`` -> ``kernel(w, xq, xd, out, acc, c, n_chunks)`` computes the
-output rows of chunk c, ROWS (16) weight rows at a time: each super-block of the 16 rows is
-decoded once into a stack buffer and used for every activation row.  The ``matmul_<fmt>``
-drivers below run the chunks under prange.  kquants_amx.py does the same sums on AMX tiles.
+Plain Numba cannot keep a decoded weight block in vector registers across a loop over the
+activation rows (and its byte stores followed by wide loads stall on store forwarding), so
+the work of one thread is written in portable LLVM vector IR: ``make_chunk_kernel(qtype)``
+-> ``kernel(w, xq, xd, xbs, out, c, n_chunks)`` computes the output rows of chunk c;
+each weight super-block is decoded into registers once and used for up to 17 activation
+rows (more in passes of PASS_M rows over PASS_ROWS weight rows that stay in L2).
+The ``matmul_<fmt>`` drivers below run the chunks under prange.
 
 Lane-major layout.  Lane L (0…15) of the 16 int32 lanes is the scale group L, i.e. the
 values 16L … 16L+15 of the super-block (every K-quant scale covers 16 or 32 values).  The
 four 64-byte vectors V_k (k = 0…3) hold in lane L the values 16L+4k … 16L+4k+3; Q8_K codes
 are stored in the same order (see q8k.py), so four chained ``vpdpbusd`` (u8 × s8 -> int32,
-4 products per lane) leave in lane L the exact integer dot of group L.
+4 products per lane) leave in lane L the exact integer dot of group L, and each scale is
+applied once per lane (ggml_vec_dot_qX_K_q8_K: int32 sums per sub-block, then scales):
 
-The contract (every path: VNNI, AVX2, portable, AMX; kernels/reference.kquant_dot).  Per
-super-block b of weight row n and activation row m, two exact integers (ggml's
-ggml_vec_dot_qX_K_q8_K forms the same ones):
+    dot[L]  = Σ_{i∈L} u_i · xq_i           u: unsigned weight codes (0 … 2^bits − 1)
+    acc[L] += dot[L] · (scd[L] · dx)  +  bias[L] · bsd[L]
+    scd = d·sc;  bias = −dmin·mn (Q4_K, Q5_K, Q2_K)  or  −off·d·sc (Q6_K, Q3_K: q = u − off)
 
-    isum = Σ_L sc[L] · (dot[L] − off · bs[L])     dot[L] = Σ_{i∈L} u_i · xq_i
-    imin = Σ_L mn[L] · bs[L]                       bs[L]  = Σ_{i∈L} xq_i
-    (u: unsigned codes; sc, mn: the integer group scales and mins; q = u − off, off = 32
-    for Q6_K, 4 for Q3_K, else 0; |isum| < 2^27)
-
-then, b ascending from acc = 0, in float32:
-
-    acc = fma(d·dx, float(isum), acc)
-    acc = fma((−dmin)·dx, float(imin), acc)        (Q2_K, Q4_K, Q5_K)
-    out[m, n] = acc
-
-Here the integer scale products are ``vpmulld`` per weight row and the 16 lanes of 16
-weight rows are summed together (reduce16), so the float operations run with lane j =
-weight row n0 + j.  Integer sums are exact in any order, and each (n, m) sees the same
-float operations in the same order whatever M, the thread count or the path: rows are
-independent, bit for bit.
-
-Arrays (C-contiguous):  w uint8 (N, row_bytes) raw GGUF rows (or kquants_repack's);  the
-Q8_K activations in the block-major layout of q8k.py: xq int8 (K/256, M, 256) lane-major
-codes in [-127, 127], xd float32 (K/256, M);  out float32 (M, N).
+bsd[L] = bsum[L] · dx is stored with the activations (q8k.py), and scd, bias are per weight
+super-block, shared by all M rows, so each activation row costs four ``vpdpbusd``, one int
+-> float conversion, one multiply and two fused multiply-adds per super-block: the per-row
+work is what a verification batch of M rows adds to the one weight read.  scd and bias are
+exact (integers below 2^8 times an f16), the lanes of dot are exact int32 below 2^17
+(bounds in the decoders), so the conversion is exact; ggml_vec_dot_qX_K_q8_K computes the
+same sum with the two terms grouped differently (d·dx · Σ sc·dot − dmin·dx · Σ mn·bsum).
+The float operations per (n, m) are this fixed sequence,
+Arrays (C-contiguous):  w uint8 (N, row_bytes) raw GGUF rows;  the Q8_K activations in the
+block-major layout of q8k.py: xq int8 (K/256, M, 256) lane-major codes in [-127, 127],
+xd float32 (K/256, M), xbs float32 (K/256, M, 16) per-16 code sums times xd;  out float32 (M, N).
 """
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
@@ -51,9 +43,12 @@ from numba.extending import intrinsic
 from .formats import FORMATS, KQUANTS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
 from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, const_vector, dpbusd_chain,
                  f16_to_f32, fma_v16f32, have_f16c, have_vnni512, load_bytes, prefetch, shuffle,
-                 shuffle2, splat_v16f32)
+                 shuffle2, splat_v16f32, switch_static)
 
 PREFETCH_BLOCKS = 8  # rows of a static-M pass prefetch this many super-blocks ahead
+PASS_ROWS = 64  # M > MAX_STATIC_M: weight rows per pass (~55-320 KB of them stay in L2 while ...
+PASS_M = 8      # ... each group of PASS_M activation rows runs the static path over them)
+MAX_STATIC_M = 17  # up to this many activation rows (draft-n 16 + 1), one kernel path per M keeps them in registers
 
 LANES = range(16)
 
@@ -78,18 +73,20 @@ def _lanes(builder, words, index, shift, mask: int):
 class Decoded(NamedTuple):
     """One super-block in registers (lane-major, see the module docstring)."""
     u: list            # 4 × <16 x i32> (= <64 x u8>): V_k, unsigned codes
-    sc: ir.Value       # <16 x i32>: the integer scale of group L
-    mn: object         # <16 x i32>: the integer min of group L (Q2_K, Q4_K, Q5_K), or None
-    d: ir.Value        # float: the super-block scale
-    dmin: object       # float: the scale of the mins, or None
-    off: int           # q = u − off (Q3_K 4, Q6_K 32, else 0)
+    scd: ir.Value      # <16 x float>: d · sc[L]
+    bias: ir.Value     # <16 x float>: −dmin · mn[L], or −off · d · sc[L]
     u_max: int         # the largest code: 2^bits − 1 (bounds the AVX2 path's i16 sums)
 
 
 def _decoded(builder, u, sc, d, mn=None, dmin=None, off: int = 0, u_max: int = 63) -> Decoded:
     """Decoded from the codes u, the integer scales sc (and mins mn) as <16 x i32> lanes and
-    the float super-block scales d (and dmin)."""
-    return Decoded(u, sc, mn, d, dmin, off, u_max)
+    the float super-block scales d (and dmin); every product here is exact."""
+    scd = builder.fmul(builder.sitofp(sc, V16F32), splat_v16f32(builder, d))
+    if mn is not None:
+        bias = builder.fmul(builder.sitofp(mn, V16F32), splat_v16f32(builder, builder.fneg(dmin)))
+    else:
+        bias = builder.fmul(scd, ir.Constant(V16F32, float(-off)))
+    return Decoded(u, scd, bias, u_max)
 
 
 def k4_scales(builder, p, off: int):
@@ -286,135 +283,101 @@ REPACKED_DECODERS: dict[int, Callable] = {  # qtype -> decoder of its repacked s
 
 # --------------------------------------------------------------------------- intrinsics
 
-ROWS = 16          # weight rows decoded together: the lanes of every float operation
+def _emit_update(builder, dec: Decoded, u8, vnni: bool, x, m, b, acc):
+    """acc (<16 x float>) + the contribution of decoded block b to activation row m."""
+    row = builder.add(builder.mul(b, x.M), m)                   # (b, m) in the block-major x
+    xv = [builder.load(builder.gep(x.q, [builder.add(builder.mul(row, I64(QK_K)), I64(64 * k))],
+                                   source_etype=I8), typ=V64I8, align=1) for k in range(4)]
+    dot = dpbusd_chain(builder, vnni, u8, xv, dec.u_max)
+    dx = splat_v16f32(builder, builder.load(builder.gep(x.d, [row], source_etype=F32)))
+    bsd = builder.load(builder.gep(x.bs, [builder.mul(row, I64(16))], source_etype=F32),
+                       typ=V16F32, align=4)
+    acc = fma_v16f32(builder, builder.sitofp(dot, V16F32), builder.fmul(dec.scd, dx), acc)
+    return fma_v16f32(builder, dec.bias, bsd, acc)
 
 
-def reduce16(builder, vs):
-    """[v_0 … v_15] (<16 x i32> each) -> <16 x i32> whose lane j is Σ of the lanes of v_j:
-    a pairwise network (15 adds of two-source permutes); integer sums, so exact."""
-    width = 16
-    while len(vs) > 1:
-        half, owners = width // 2, 16 // width
-        lo = [t * width + i if t < owners else 16 + (t - owners) * width + i
-              for t in range(2 * owners) for i in range(half)]
-        hi = [j + half for j in lo]
-        vs = [builder.add(shuffle2(builder, a, b, lo), shuffle2(builder, a, b, hi))
-              for a, b in zip(vs[0::2], vs[1::2])]
-        width = half
-    return vs[0]
-
-
-def float_update(builder, acc, d, dx, isum, neg_dmin=None, imin=None):
-    """The float operations of the contract, lane by lane (module docstring):
-    acc = fma(d·dx, float(isum), acc), then acc = fma((−dmin)·dx, float(imin), acc)."""
-    acc = fma_v16f32(builder, builder.fmul(d, dx), builder.sitofp(isum, V16F32), acc)
-    if imin is not None:
-        acc = fma_v16f32(builder, builder.fmul(neg_dmin, dx), builder.sitofp(imin, V16F32), acc)
-    return acc
+def _lane_sum(builder, v):
+    """Σ of the 16 lanes in a fixed pairwise order: (l, l+8), (l, l+4), (l, l+2), (l, l+1)."""
+    for half in (8, 4, 2, 1):
+        v = builder.fadd(shuffle(builder, v, range(half)),
+                         shuffle(builder, v, range(half, 2 * half)))
+    return builder.extract_element(v, I32(0))
 
 
 class _Q8K(NamedTuple):
     """Data pointers of the Q8_K activations (block-major, see q8k.py) and their sizes."""
     q: ir.Value      # i8*  codes (K/256, M, 256)
     d: ir.Value      # f32* scales (K/256, M)
+    bs: ir.Value     # f32* bsums · d (K/256, M, 16)
     M: ir.Value
     nblk: ir.Value   # K/256
 
 
-class _Scratch(NamedTuple):
-    """Stack buffers of one block of ROWS decoded weight rows (super-block b)."""
-    u: ir.Value      # <16 x i32>* ROWS × 4: the codes V_k of row j at 4j + k
-    sc: ir.Value     # <16 x i32>* ROWS: scales
-    mn: ir.Value     # <16 x i32>* ROWS: mins
-
-
-def _emit_decode_rows(builder, decode, block_bytes, wp, row_bytes, n0, last, b, buf: _Scratch):
-    """Decode super-block b of rows n0 … n0+15 (rows past `last` read row `last` again)
-    into buf; -> (d, −dmin) as <16 x float>, lane j = row n0 + j, and the format's Decoded
-    of row n0 (for its static facts)."""
-    d = neg_dmin = ir.Constant(V16F32, None)
-    first = None
-    for j in range(ROWS):
-        n = builder.add(n0, I64(j))
-        n = builder.select(builder.icmp_signed("<", n, last), n, last)
-        p = builder.gep(wp, [builder.add(builder.mul(n, row_bytes), builder.mul(b, I64(block_bytes)))],
-                        source_etype=I8)
-        for line in range(0, block_bytes + 64, 64):
-            prefetch(builder, builder.gep(p, [I64(PREFETCH_BLOCKS * block_bytes + line)], source_etype=I8))
-        dec = decode(builder, p)
-        first = first or dec
-        for k, v in enumerate(dec.u):
-            builder.store(v, builder.gep(buf.u, [I64(4 * j + k)]))
-        builder.store(dec.sc, builder.gep(buf.sc, [I64(j)]))
-        d = builder.insert_element(d, dec.d, I32(j))
-        if dec.mn is not None:
-            builder.store(dec.mn, builder.gep(buf.mn, [I64(j)]))
-            neg_dmin = builder.insert_element(neg_dmin, builder.fneg(dec.dmin), I32(j))
-    return d, neg_dmin, first
-
-
-def _emit_row_update(builder, vnni, first: Decoded, buf: _Scratch, x: _Q8K, b, m, d, neg_dmin, acc_p):
-    """acc[m] (<16 x float>, lane j = weight row n0 + j) += super-block b against activation
-    row m: per weight row the four vpdpbusd of the groups, the scales applied in integers,
-    the 16 rows' lanes summed by reduce16, then float_update."""
-    row = builder.add(builder.mul(b, x.M), m)
-    xv = [builder.load(builder.gep(x.q, [builder.add(builder.mul(row, I64(QK_K)), I64(64 * k))],
-                                   source_etype=I8), typ=V64I8, align=1) for k in range(4)]
-    ones = ir.Constant(V64I8, [1] * 64)
-    bs = dpbusd_chain(builder, vnni, [ones] * 4, xv, 1)          # lane L: Σ codes of group L
-    off_bs = builder.mul(bs, _splat_i32(first.off)) if first.off else None
-    p, q = [], []
-    for j in range(ROWS):
-        u8 = [builder.bitcast(builder.load(builder.gep(buf.u, [I64(4 * j + k)])), V64I8) for k in range(4)]
-        dot = dpbusd_chain(builder, vnni, u8, xv, first.u_max)
-        if off_bs is not None:
-            dot = builder.sub(dot, off_bs)
-        p.append(builder.mul(dot, builder.load(builder.gep(buf.sc, [I64(j)]))))
-        if first.mn is not None:
-            q.append(builder.mul(builder.load(builder.gep(buf.mn, [I64(j)])), bs))
-    dx = splat_v16f32(builder, builder.load(builder.gep(x.d, [row], source_etype=F32)))
-    acc_m = builder.gep(acc_p, [m])
-    imin = reduce16(builder, q) if q else None
-    builder.store(float_update(builder, builder.load(acc_m, align=4), d, dx, reduce16(builder, p),
-                               neg_dmin, imin), acc_m, align=4)
-
-
 def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x: _Q8K, out, N,
-                c, n_chunks, acc_p):
-    """out (f32* (M, N)) rows n = lo … hi−1 of chunk c of n_chunks, ROWS weight rows at a
-    time: each super-block of the ROWS rows is decoded once into a stack buffer and used
-    for all M activation rows; acc_p (<16 x float>* M) holds their accumulators."""
+                c, n_chunks):
+    """out (f32* (M, N)) rows n = lo … hi−1 of chunk c of n_chunks.
+
+    M <= MAX_STATIC_M: one code path per M (a switch): row after row, the M accumulators of
+    16 lanes in registers, each super-block decoded once and used for the M rows of x
+    (verification batches: the weights are read once, nothing goes through memory).
+    M > MAX_STATIC_M (prompt processing): for each slice of PASS_ROWS weight rows (55-320 KB
+    of Q4_K at the Qwen shapes: they stay in L2), the static path of PASS_M activation rows
+    at a time (the last group smaller), so every update keeps its accumulators in registers;
+    each super-block is decoded once per PASS_M rows instead of once per M.  (Accumulating
+    all M rows of a tile in an L1 scratch instead cost ~8 cycles per row and super-block,
+    the x blocks of 64 rows outgrowing L1: prompt of 300 tokens 82 -> ~115 tokens/s.)
+    Both paths do the same float operations per (n, m); _lane_sum folds the lanes into
+    out[m, n]."""
     M, nblk = x.M, x.nblk
     lo = builder.sdiv(builder.mul(c, N), n_chunks)
     hi = builder.sdiv(builder.mul(builder.add(c, I64(1)), N), n_chunks)
-    buf = _Scratch(cgutils.alloca_once(builder, V16I32, size=4 * ROWS),
-                   cgutils.alloca_once(builder, V16I32, size=ROWS),
-                   cgutils.alloca_once(builder, V16I32, size=ROWS))
-    last = builder.sub(hi, I64(1))
-    with cgutils.for_range_slice(builder, lo, hi, I64(ROWS)) as (n0, _):
-        with cgutils.for_range(builder, M) as mm:
-            builder.store(ir.Constant(V16F32, 0.0), builder.gep(acc_p, [mm.index]), align=4)
-        with cgutils.for_range(builder, nblk) as blk:
-            d, neg_dmin, first = _emit_decode_rows(builder, decode, block_bytes, wp, row_bytes,
-                                                   n0, last, blk.index, buf)
-            with cgutils.for_range(builder, M) as mm:
-                _emit_row_update(builder, vnni, first, buf, x, blk.index, mm.index, d, neg_dmin, acc_p)
-        with cgutils.for_range(builder, M) as mm:
-            acc = builder.load(builder.gep(acc_p, [mm.index]), align=4)
-            for j in range(ROWS):
-                n = builder.add(n0, I64(j))
-                with builder.if_then(builder.icmp_signed("<", n, hi)):
-                    builder.store(builder.extract_element(acc, I32(j)),
-                                  builder.gep(out, [builder.add(builder.mul(mm.index, N), n)],
-                                              source_etype=F32))
+
+    def decoded(n, b, ahead=0):
+        off = builder.add(builder.mul(n, row_bytes), builder.mul(b, I64(block_bytes)))
+        p = builder.gep(wp, [off], source_etype=I8)
+        for line in range(0, block_bytes + 64, 64) if ahead else ():
+            prefetch(builder, builder.gep(p, [I64(ahead + line)], source_etype=I8))
+        dec = decode(builder, p)
+        return dec, [builder.bitcast(v, V64I8) for v in dec.u]
+
+    def out_ptr(m, n):
+        return builder.gep(out, [builder.add(builder.mul(m, N), n)], source_etype=F32)
+
+    def smaller(a, b):
+        return builder.select(builder.icmp_signed("<", a, b), a, b)
+
+    def rows_static(ms: int, m0=I64(0), n_lo=lo, n_hi=hi):
+        """Rows n_lo … n_hi−1 against activation rows m0 … m0+ms−1, ms known here: the ms
+        accumulators live in registers, each super-block is decoded once for all of them."""
+        accs = [cgutils.alloca_once(builder, V16F32) for _ in range(ms)]
+        with cgutils.for_range_slice(builder, n_lo, n_hi, I64(1)) as (n, _):
+            for a in accs:
+                builder.store(ir.Constant(V16F32, 0.0), a)
+            with cgutils.for_range(builder, nblk) as blk:
+                dec, u8 = decoded(n, blk.index, PREFETCH_BLOCKS * block_bytes)
+                for j, a in enumerate(accs):
+                    builder.store(_emit_update(builder, dec, u8, vnni, x, builder.add(m0, I64(j)),
+                                               blk.index, builder.load(a)), a)
+            for j, a in enumerate(accs):
+                builder.store(_lane_sum(builder, builder.load(a)), out_ptr(builder.add(m0, I64(j)), n))
+
+    few = builder.icmp_signed("<=", M, I64(MAX_STATIC_M))
+    with builder.if_else(few) as (single, multi):
+        with single:
+            switch_static(builder, M, MAX_STATIC_M, rows_static, "static_m")
+        with multi, cgutils.for_range_slice(builder, lo, hi, I64(PASS_ROWS)) as (n0, _):
+            n1 = smaller(builder.add(n0, I64(PASS_ROWS)), hi)
+            with cgutils.for_range_slice(builder, I64(0), M, I64(PASS_M)) as (m0, _):
+                ms = smaller(builder.sub(M, m0), I64(PASS_M))
+                switch_static(builder, ms, PASS_M, lambda k: rows_static(k, m0, n0, n1), "pass_m")
 
 
 def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None,
                       repacked: bool = False):
-    """-> intrinsic ``kernel(w, xq, xd, out, acc, c, n_chunks)``: out[:, n] for the rows n
-    of chunk c (see _emit_chunk); acc: float32 (16·M,) scratch of the calling thread;
-    repacked: w holds kquants_repack.py's blocks.  ``vnni`` / ``f16c`` pick the instruction
-    path (default: what the target has); every path computes the same values."""
+    """-> intrinsic ``kernel(w, xq, xd, xbs, out, c, n_chunks)``: out[:, n] for the
+    rows n of chunk c (see _emit_chunk); repacked: w holds kquants_repack.py's blocks.
+    ``vnni`` / ``f16c`` pick the instruction path (default: what the target has); every path
+    computes the same values."""
     decoder = (REPACKED_DECODERS if repacked else DECODERS)[qtype]
     block_bytes = FORMATS[qtype].type_size
     vnni = have_vnni512() if vnni is None else vnni
@@ -423,21 +386,20 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
     def decode(builder, p):
         return decoder(builder, p, f16c)
 
-    def kernel(typingctx, w, xq, xd, out, acc, c, n_chunks):
-        sig = types.void(w, xq, xd, out, acc, c, n_chunks)
+    def kernel(typingctx, w, xq, xd, xbs, out, c, n_chunks):
+        sig = types.void(w, xq, xd, xbs, out, c, n_chunks)
 
         def codegen(context, builder, signature, args):
-            wa, xqa, xda, outa, acca = (context.make_array(t)(context, builder, value=v)
+            wa, xqa, xda, xbsa, outa = (context.make_array(t)(context, builder, value=v)
                                         for t, v in zip(signature.args[:5], args[:5]))
             c_, nc = (context.cast(builder, v, t, types.int64)
                       for v, t in zip(args[5:], signature.args[5:]))
             nblk, M = cgutils.unpack_tuple(builder, xda.shape, 2)
-            x = _Q8K(xqa.data, xda.data, M, nblk)
+            x = _Q8K(xqa.data, xda.data, xbsa.data, M, nblk)
             N = cgutils.unpack_tuple(builder, outa.shape, 2)[1]
             row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
-            acc_p = builder.bitcast(acca.data, V16F32.as_pointer())
             _emit_chunk(builder, decode, block_bytes, vnni, wa.data, row_bytes, x, outa.data, N,
-                        c_, nc, acc_p)
+                        c_, nc)
             return context.get_dummy_value()
         return sig, codegen
 
@@ -479,33 +441,33 @@ _chunk_q4_k_r, _chunk_q5_k_r, _chunk_q6_k_r = (
 # this file so that an edit of the IR above invalidates their cache.
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q2_k(w, xq, xd, out, n_chunks):
+def matmul_q2_k(w, xq, xd, xbs, out, n_chunks):
     for c in prange(n_chunks):
-        _chunk_q2_k(w, xq, xd, out, np.empty(16 * xd.shape[1], np.float32), c, n_chunks)
+        _chunk_q2_k(w, xq, xd, xbs, out, c, n_chunks)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q3_k(w, xq, xd, out, n_chunks):
+def matmul_q3_k(w, xq, xd, xbs, out, n_chunks):
     for c in prange(n_chunks):
-        _chunk_q3_k(w, xq, xd, out, np.empty(16 * xd.shape[1], np.float32), c, n_chunks)
+        _chunk_q3_k(w, xq, xd, xbs, out, c, n_chunks)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q4_k(w, xq, xd, out, n_chunks):
+def matmul_q4_k(w, xq, xd, xbs, out, n_chunks):
     for c in prange(n_chunks):
-        _chunk_q4_k(w, xq, xd, out, np.empty(16 * xd.shape[1], np.float32), c, n_chunks)
+        _chunk_q4_k(w, xq, xd, xbs, out, c, n_chunks)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q5_k(w, xq, xd, out, n_chunks):
+def matmul_q5_k(w, xq, xd, xbs, out, n_chunks):
     for c in prange(n_chunks):
-        _chunk_q5_k(w, xq, xd, out, np.empty(16 * xd.shape[1], np.float32), c, n_chunks)
+        _chunk_q5_k(w, xq, xd, xbs, out, c, n_chunks)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q6_k(w, xq, xd, out, n_chunks):
+def matmul_q6_k(w, xq, xd, xbs, out, n_chunks):
     for c in prange(n_chunks):
-        _chunk_q6_k(w, xq, xd, out, np.empty(16 * xd.shape[1], np.float32), c, n_chunks)
+        _chunk_q6_k(w, xq, xd, xbs, out, c, n_chunks)
 
 
 MATMUL_Q8K = {Q2_K: matmul_q2_k, Q3_K: matmul_q3_k, Q4_K: matmul_q4_k, Q5_K: matmul_q5_k,
@@ -513,21 +475,21 @@ MATMUL_Q8K = {Q2_K: matmul_q2_k, Q3_K: matmul_q3_k, Q4_K: matmul_q4_k, Q5_K: mat
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q4_k_r(w, xq, xd, out, n_chunks):
+def matmul_q4_k_r(w, xq, xd, xbs, out, n_chunks):
     for c in prange(n_chunks):
-        _chunk_q4_k_r(w, xq, xd, out, np.empty(16 * xd.shape[1], np.float32), c, n_chunks)
+        _chunk_q4_k_r(w, xq, xd, xbs, out, c, n_chunks)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q5_k_r(w, xq, xd, out, n_chunks):
+def matmul_q5_k_r(w, xq, xd, xbs, out, n_chunks):
     for c in prange(n_chunks):
-        _chunk_q5_k_r(w, xq, xd, out, np.empty(16 * xd.shape[1], np.float32), c, n_chunks)
+        _chunk_q5_k_r(w, xq, xd, xbs, out, c, n_chunks)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def matmul_q6_k_r(w, xq, xd, out, n_chunks):
+def matmul_q6_k_r(w, xq, xd, xbs, out, n_chunks):
     for c in prange(n_chunks):
-        _chunk_q6_k_r(w, xq, xd, out, np.empty(16 * xd.shape[1], np.float32), c, n_chunks)
+        _chunk_q6_k_r(w, xq, xd, xbs, out, c, n_chunks)
 
 
 MATMUL_Q8K_REPACKED = {Q4_K: matmul_q4_k_r, Q5_K: matmul_q5_k_r, Q6_K: matmul_q6_k_r}

@@ -112,27 +112,31 @@ def fma32(a, b, c) -> np.ndarray:
 
 def kquant_dot(qtype: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """out (M, N) float32 = x (M, K) · Wᵀ by the K-quant contract (kquants_ir): x quantized
-    to Q8_K (q8k.py); per super-block b the exact integers
-        isum = Σ_v sc[g]·(u_v − off)·xq_v,   imin = Σ_v mn[g]·xq_v
-    then, b ascending from acc = 0:  acc = fma(d·dx, float(isum), acc);
-    acc = fma((−dmin)·dx, float(imin), acc)  (formats with mins)."""
+    to Q8_K (q8k.py: codes xq, scale dx, bsd[g] = float(Σ codes of group g)·dx); per (m, n)
+    16 float32 lanes, one per scale group g, from 0, super-block b ascending:
+        dot[g] = Σ_{v∈g} u_v·xq_v                         (exact integer)
+        acc[g] = fma(float(dot[g]), (float(sc[g])·d)·dx, acc[g])
+        acc[g] = fma(bias[g], bsd[g], acc[g])   bias = float(mn[g])·(−dmin), or (float(sc[g])·d)·(−off)
+    then out = the lanes folded pairwise: (g, g+8), (g, g+4), (g, g+2), (g, g+1)."""
     parts = kquant_parts(qtype, w)
-    xq, xd, _ = quantize_q8_k(np.ascontiguousarray(x, np.float32))
-    codes = natural_order(xq).astype(np.int64)                    # (M, K)
-    m, nb = x.shape[0], xd.shape[0]
-    codes = codes.reshape(m, nb, 16, 16)                          # (M, b, g, 16)
-    u = (parts.u.astype(np.int64) - parts.off).reshape(w.shape[0], nb, 16, 16)
-    dots = np.einsum("mbgi,nbgi->mnbg", codes, u)                 # (M, N, b, g)
-    isum = np.einsum("mnbg,nbg->mnb", dots, parts.sc.astype(np.int64)).astype(np.int32)
-    acc = np.zeros((m, w.shape[0]), np.float32)
+    xq, xd, xbs = quantize_q8_k(np.ascontiguousarray(x, np.float32))
+    m, n, nb = x.shape[0], w.shape[0], xd.shape[0]
+    codes = natural_order(xq).astype(np.int64).reshape(m, nb, 16, 16)      # (M, b, g, 16)
+    u = parts.u.astype(np.int64).reshape(n, nb, 16, 16)
+    dots = np.einsum("mbgi,nbgi->mnbg", codes, u).astype(np.float32)       # exact (< 2^24)
+    acc = np.zeros((m, n, 16), np.float32)
     for b in range(nb):
-        dx = xd[b][:, None]                                       # (M, 1)
-        acc = fma32(parts.d[None, :, b] * dx, isum[:, :, b].astype(np.float32), acc)
+        scd = parts.sc[:, b].astype(np.float32) * parts.d[:, b, None]      # (N, 16)
         if parts.mn is not None:
-            bs = codes[:, b].sum(-1)                              # (M, 16) group sums
-            imin = (bs @ parts.mn[:, b].T.astype(np.int64)).astype(np.int32)   # (M, N)
-            acc = fma32(-parts.dmin[None, :, b] * dx, imin.astype(np.float32), acc)
-    return acc
+            bias = parts.mn[:, b].astype(np.float32) * -parts.dmin[:, b, None]
+        else:
+            bias = scd * np.float32(-parts.off)
+        dx = xd[b][:, None, None]                                          # (M, 1, 1)
+        acc = fma32(dots[:, :, b], scd[None] * dx, acc)
+        acc = fma32(bias[None], xbs[b][:, None, :], acc)
+    for half in (8, 4, 2, 1):
+        acc = acc[..., :half] + acc[..., half:2 * half]
+    return acc[..., 0]
 
 
 # byte layout of a legacy block of 32: (fp16 fields d[, m], offset of qh or None, of qs, code offset)

@@ -1,8 +1,7 @@
-"""AMX tiles (kernels/legacy_amx.py, kernels/kquants_amx.py): every legacy format and every
-K-quant gives the VNNI path's numbers bit for bit, for any M (tails of 16 activation rows
-and of 16 weight rows included), each row independent of the others; AMX is used only
-where CPU, OS and the process's permission allow it.  Skipped, with the reason, on hosts
-without AMX."""
+"""AMX tiles (kernels/legacy_amx.py): every legacy format gives the VNNI tile's numbers bit for
+bit, for any M (tails of 16 activation rows and of 16 weight rows included), each row
+independent of the others; AMX is used only where CPU, OS and the process's permission
+allow it.  Skipped, with the reason, on hosts without AMX."""
 from __future__ import annotations
 
 import gguf
@@ -11,10 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.kernels import amx, cpu, kquants, kquants_amx, kquants_ir, kquants_repack, legacy, legacy_amx
-from specdec.kernels.q8k import quantize_q8_k
-from fakes import one_thread
-from helpers import make_weights, random_weights
+from specdec.kernels import amx, cpu, legacy, legacy_amx
+from helpers import make_weights
 
 T = gguf.GGMLQuantizationType
 QUANTS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
@@ -48,7 +45,7 @@ def test_amx_is_bitwise_the_vnni_tile(qt, n, nb, raw, m, seed):
 def test_passes_that_take_the_tiles_keep_rows_independent(qt, monkeypatch):
     """With the tiles on, the public matmul sends M >= MIN_M through them: each row equals the
     row alone (M = 1, the VNNI tile), whatever the other rows hold."""
-    monkeypatch.setattr(cpu, "tiles", lambda family="legacy": True)
+    monkeypatch.setattr(cpu, "tiles", lambda: True)
     rng = np.random.default_rng(int(qt))
     w = make_weights(qt, 48, 256, rng, raw=False)
     x = rng.standard_normal((legacy_amx.MIN_M[int(qt)] + 5, 256)).astype(np.float32)
@@ -65,67 +62,16 @@ def test_passes_that_take_the_tiles_keep_rows_independent(qt, monkeypatch):
     assert np.array_equal(_bits(out[0]), _bits(out2[0]))
 
 
-KQUANTS = [T.Q4_K, T.Q6_K, T.Q5_K, T.Q3_K, T.Q2_K]
-
-
-def _kquant_vnni(qt, w, x, repacked):
-    """The VNNI path (kquants_ir's chunks), whatever M is."""
-    xq, xd, _ = quantize_q8_k(x)
-    out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
-    drivers = kquants_ir.MATMUL_Q8K_REPACKED if repacked else kquants_ir.MATMUL_Q8K
-    drivers[int(qt)](w, xq, xd, out, 2)
-    return out
-
-
-@needs_amx
-@settings(max_examples=30, deadline=None)
-@given(qt=st.sampled_from(KQUANTS), n=st.integers(1, 50), nb=st.integers(1, 4),
-       m=st.integers(1, 40), repacked=st.booleans(), seed=st.integers(0, 2**32 - 1))
-def test_kquant_tiles_are_bitwise_the_vnni_path(qt, n, nb, m, repacked, seed):
-    """kquants_amx against kquants_ir on random codes, shapes and row counts, both layouts."""
-    repacked = repacked and int(qt) in kquants_repack.REPACKED
-    rng = np.random.default_rng(seed)
-    w = random_weights(rng, qt, n, nb)
-    if repacked:
-        w = kquants_repack.repack(w, int(qt))
-    x = (rng.standard_normal((m, 256 * nb)) * rng.uniform(0.01, 100)).astype(np.float32)
-    xq, xd, _ = quantize_q8_k(x)
-    got = np.full((m, n), np.nan, np.float32)
-    kquants_amx.matmul_q8k(int(qt), w, xq, xd, got, repacked=repacked)
-    assert np.array_equal(_bits(got), _bits(_kquant_vnni(qt, w, x, repacked)))
-
-
-@needs_amx
-@pytest.mark.parametrize("qt", KQUANTS, ids=lambda t: t.name)
-def test_kquant_passes_on_the_tiles_keep_rows_independent(qt):
-    """The public matmul sends M >= MIN_M through the tiles here: each row is its one-row
-    (VNNI) result, on one thread too, whatever the other rows hold."""
-    assert cpu.tiles("kquants") or cpu._forced.get("path") not in (None, "amx")
-    rng = np.random.default_rng(int(qt))
-    w = random_weights(rng, qt, 37, 2)
-    x = rng.standard_normal((kquants_amx.MIN_M + 19, 512)).astype(np.float32)
-    out = kquants.matmul_fn(int(qt))(w, x)
-    for i in (0, 16, x.shape[0] - 1):
-        assert np.array_equal(_bits(out[i]), _bits(kquants.matmul_fn(int(qt))(w, x[i:i + 1])[0]))
-    with one_thread():
-        assert np.array_equal(_bits(out), _bits(kquants.matmul_fn(int(qt))(w, x)))
-    x2 = x.copy()
-    x2[1:] *= 1000
-    assert np.array_equal(_bits(out[0]), _bits(kquants.matmul_fn(int(qt))(w, x2)[0]))
-
-
 @needs_amx
 def test_the_host_path_is_recorded():
-    """Unforced, the K-quant tiles are on and the legacy ones off (not faster);
-    machine_info says so; the XCR0 tile bits are set wherever available() holds."""
+    """Unforced, the tiles stay off (not faster) and machine_info says they are available;
+    the XCR0 tile bits are set wherever available() holds."""
     info = cpu.kernel_paths()
     assert amx._xcr0() & amx.XCR0_TILE == amx.XCR0_TILE
     if cpu._forced.get("path") == "amx":
-        assert cpu.path() == info["path"] == "amx" and "legacy" in info["amx"]
-    elif cpu._forced.get("path"):
-        assert not cpu.tiles("kquants") and cpu.path() != "amx"
+        assert cpu.path() == info["path"] == "amx" and "tdpbsud" in info["amx"]
     else:
-        assert cpu.tiles("kquants") and not cpu.tiles() and "K-quants" in info["amx"]
+        assert not cpu.tiles() and "available" in info["amx"]
 
 
 def test_amx_is_refused_with_a_reason_where_it_cannot_run(monkeypatch):

@@ -126,9 +126,8 @@ def test_matmul_exact_on_representable_inputs(qtype, seed, m, n, nb, e, f):
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 20), n=st.integers(1, 40),
        nb=st.integers(1, 3), log_scale=st.floats(-4, 4))
 def test_matmul_is_bitwise_the_reference_contract(qtype, seed, m, n, nb, log_scale):
-    """The kernel computes kernels/reference.kquant_dot bit for bit: exact integer sums per
-    super-block, then two float32 FMAs per super-block in order (the contract every path
-    keeps: VNNI, AVX2, portable and AMX)."""
+    """The kernel computes kernels/reference.kquant_dot bit for bit (the contract every path
+    keeps: exact group dots, two FMAs per group lane and super-block, a fixed lane fold)."""
     rng = np.random.default_rng(seed)
     w = random_weights(rng, qtype, n, nb)
     x = (rng.standard_normal((m, 256 * nb)) * 10.0 ** log_scale).astype(np.float32)
@@ -136,14 +135,12 @@ def test_matmul_is_bitwise_the_reference_contract(qtype, seed, m, n, nb, log_sca
 
 
 def test_fma32_rounds_once():
-    """reference.fma32 is a single rounding: a case where rounding the product first, or
-    the float64 sum, would differ."""
-    a, b = np.float32(1 + 2.0 ** -12), np.float32(1 + 2.0 ** -12)
-    c = np.float32(-1.0)
-    assert reference.fma32(a, b, c) == np.float32(2.0 ** -11 + 2.0 ** -24)
-    # a float64 sum landing on a float32 tie that the exact sum is above
-    a, b, c = np.float32(1.0), np.float32(1 + 2.0 ** -23), np.float32(2.0 ** -24 + 2.0 ** -60)
-    assert reference.fma32(a, b, np.float32(2.0 ** -24)) == np.float32(1 + 2.0 ** -22)
+    """reference.fma32 is a single rounding, where rounding the product first would differ,
+    and where a float64 sum would land on a float32 tie that the exact sum is above."""
+    a = np.float32(1 + 2.0 ** -12)
+    assert reference.fma32(a, a, np.float32(-1.0)) == np.float32(2.0 ** -11 + 2.0 ** -24)
+    assert reference.fma32(np.float32(1.0), np.float32(1 + 2.0 ** -23),
+                           np.float32(2.0 ** -24)) == np.float32(1 + 2.0 ** -22)
 
 
 def error_bound(qtype, w, x):
@@ -192,8 +189,8 @@ def test_matmul_matches_dequantized_within_bound(qtype, seed, m, n, nb, log_scal
        nb=st.integers(1, 3))
 def test_matmul_rows_are_independent(qtype, seed, m, n, nb):
     """out[m] is bitwise the same whatever M, the other rows and the thread count are
-    (M up to 24 covers the one-row, the VNNI and, with AMX, the tile paths;
-    test_matmul_rows_independent_across_passes covers several blocks of weight rows)."""
+    (M up to 24 covers both kernel paths: one per M <= MAX_STATIC_M, and passes of PASS_M
+    rows; test_matmul_rows_independent_across_passes covers several slices of weight rows)."""
     rng = np.random.default_rng(seed)
     w = random_weights(rng, qtype, n, nb)
     x = rng.standard_normal((m, 256 * nb)).astype(np.float32)
@@ -215,10 +212,10 @@ def _assert_rows_alone_and_serial(qtype, w, x, full):
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_matmul_rows_independent_across_passes(qtype):
-    """Several blocks of ROWS weight rows (one partial) and several tiles of activation rows:
+    """M > MAX_STATIC_M with more weight rows than a pass holds (kquants_ir.PASS_ROWS):
     every row of out bitwise its one-row result, on one thread and on all of them."""
     rng = np.random.default_rng(int(qtype) + 100)
-    n, m = 5 * kquants_ir.ROWS + 5, 40
+    n, m = 2 * kquants_ir.PASS_ROWS + 5, kquants_ir.MAX_STATIC_M + kquants_ir.PASS_M + 3
     w = random_weights(rng, qtype, n, 2)
     x = rng.standard_normal((m, 512)).astype(np.float32)
     _assert_rows_alone_and_serial(qtype, w, x, matmul(qtype, w, x))
@@ -231,7 +228,7 @@ def _portable_matmul(qtype):
     @njit
     def matmul(w, xq, xd, xbs, out):
         for c in range(3):
-            chunk(w, xq, xd, out, np.empty(16 * xd.shape[1], np.float32), c, 3)
+            chunk(w, xq, xd, xbs, out, c, 3)
     return matmul
 
 

@@ -63,10 +63,10 @@ def test_repacked_matmul_is_bitwise_the_gguf_one(qtype, seed, m, n, nb):
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_repacked_matmul_across_passes_and_threads(qtype):
-    """Several blocks of ROWS weight rows (one partial) and tiles of activation rows:
-    bitwise the GGUF path, on one thread and on all of them, and each row alone."""
+    """M > MAX_STATIC_M over more weight rows than a pass: bitwise the GGUF path, on one
+    thread and on all of them, and each row alone."""
     rng = np.random.default_rng(int(qtype) + 7)
-    n, m = 5 * kquants_ir.ROWS + 3, 37
+    n, m = 2 * kquants_ir.PASS_ROWS + 3, kquants_ir.MAX_STATIC_M + kquants_ir.PASS_M + 2
     w = random_weights(rng, qtype, n, 2)
     x = rng.standard_normal((m, 512)).astype(np.float32)
     r, rq = repack.repack(w, int(qtype)), repack.REPACKED[int(qtype)]
