@@ -29,6 +29,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'spec
 serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'specdec[ray]'")
 
 from specdec.frontends.cli import build_parser  # noqa: E402
+from specdec.frontends.cli import serve_helpers  # noqa: E402
 from specdec.frontends.serve.ray import APP_NAME, DEPLOYMENT, REPLICA_HEADER, bind, sum_metrics  # noqa: E402
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -151,7 +152,7 @@ class Cluster:
         a = build_parser().parse_args(["serve", "-m", str(real_model_path(MODEL)), *FLAGS,
                                        "--ray-replicas", "2", "--port", str(self.port)])
         done: list = []
-        t = threading.Thread(target=lambda: done.append(serve.run(bind(a), name=APP_NAME, route_prefix="/")),
+        t = threading.Thread(target=lambda: done.append(serve.run(bind(a, serve_helpers()), name=APP_NAME, route_prefix="/")),
                              daemon=True)
         t.start()
         t.join(DEPLOY_TIMEOUT)

@@ -47,14 +47,6 @@ def test_deployment_options_follow_the_flags():
                                        "target_ongoing_requests": 4}
 
 
-def test_module_entry_point_defaults_to_one_replica(monkeypatch):
-    seen = []
-    monkeypatch.setattr("specdec.frontends.cli.main", lambda argv: seen.append(argv) or 0)
-    ray_serve.main(["-m", "x.gguf"])
-    ray_serve.main(["-m", "x.gguf", "--ray-replicas", "3"])
-    assert seen == [["serve", "-m", "x.gguf", "--ray-replicas", "1"], ["serve", "-m", "x.gguf", "--ray-replicas", "3"]]
-
-
 def test_sum_metrics_adds_counters_and_slot_gauges_only():
     a = ('# HELP specdec_requests_total x\nspecdec_requests_total{status="ok"} 3\n'
          'specdec_tokens_predicted_total 40\nspecdec_slots_total 4\nspecdec_batch_size_mean 1.5\n')

@@ -578,10 +578,19 @@ def cmd_chat(a) -> int:
     return cmd_run(a)
 
 
+def serve_helpers() -> dict:
+    """What serve/cli.py's build needs from this module (the model loading and flag helpers),
+    passed in so that the serve package never imports the CLI."""
+    return dict(load=_load, draft_options=_draft_options, set_threads=_set_threads, log=_progress,
+                quant=_quant)
+
+
 def cmd_serve(a) -> int:
+    if getattr(a, "ray_replicas", 0):                # the same app as a Ray Serve deployment
+        from .serve.ray import deploy
+        return deploy(a, **serve_helpers())
     from .serve.cli import serve
-    return serve(a, load=_load, draft_options=_draft_options, set_threads=_set_threads, log=_progress,
-                 quant=_quant)
+    return serve(a, **serve_helpers())
 
 
 def cmd_trace_report(a) -> int:

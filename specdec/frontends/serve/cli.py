@@ -58,12 +58,9 @@ def open_warning(host: str, keys: tuple[str, ...]) -> str | None:
 def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
     """Load -m (and -md), start the scheduler and serve until Ctrl-C / SIGTERM (then drain,
     exit 0).  load / draft_options / set_threads / log / quant: specdec.frontends.cli's
-    helpers (quant(a, 'target' | 'draft'): the requantization flags).  With --ray-replicas N
-    the same app runs as a Ray Serve deployment instead (ray.py)."""
+    helpers (quant(a, 'target' | 'draft'): the requantization flags).  (With --ray-replicas N
+    the CLI runs ray.deploy instead: the same app as a Ray Serve deployment.)"""
     helpers = dict(load=load, draft_options=draft_options, set_threads=set_threads, log=log, quant=quant)
-    if getattr(a, "ray_replicas", 0):
-        from .ray import deploy
-        return deploy(a, **helpers)
     app, scheduler = build(a, **helpers)
     from .app import run_server
     return run_server(app, a.host, a.port, log=log, scheduler=scheduler)

@@ -2,7 +2,6 @@
 Ray Serve deployment (`pip install 'specdec[ray]'`).
 
     specdec serve -m MODEL -np 4 -t 1 --ray-replicas 2 [--ray-max-replicas 4] [--ray-address ADDR]
-    python -m specdec.frontends.serve.ray -m MODEL ...      (the same; --ray-replicas 1 if not given)
 
 Each replica is one Ray actor process with its own models, -np slots and -t threads (its
 `ray_actor_options` num_cpus): a thread of its own loads and warms the models and then steps
@@ -16,13 +15,11 @@ beyond: 503); --ray-max-replicas autoscales on those queued requests (`target_on
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import os
 import re
 import signal
-import sys
 import threading
 
 from specdec.errors import ConfigError
@@ -178,14 +175,10 @@ def sum_metrics(texts: list[str]) -> dict[tuple, float]:
     return out
 
 
-def bind(a, helpers: dict | None = None):
+def bind(a, helpers: dict):
     """The Ray Serve application of the serve flags `a` (serve.run it): `deployment_options(a)`
-    over Replica.  helpers: serve/cli.py build's (default: specdec.frontends.cli's)."""
+    over Replica.  helpers: serve/cli.py build's (specdec.frontends.cli.serve_helpers())."""
     _, serve = require_ray()
-    if helpers is None:
-        from specdec.frontends import cli
-        helpers = dict(load=cli._load, draft_options=cli._draft_options, set_threads=cli._set_threads,
-                       log=cli._progress, quant=cli._quant)
     a = copy.copy(a)
     a.threads = a.threads or os.cpu_count() or 1       # a replica's threads are its num_cpus
     a.suffix_store = None                               # each replica reads -lcd itself
@@ -245,19 +238,3 @@ def _wait_for_signal() -> None:
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m specdec.frontends.serve.ray [serve flags]`: `specdec serve` with
-    --ray-replicas 1 unless the flags give it."""
-    from specdec.frontends.cli import main as cli_main
-    argv = list(sys.argv[1:] if argv is None else argv)
-    probe = argparse.ArgumentParser(add_help=False)
-    probe.add_argument("--ray-replicas", type=int, default=None)
-    if probe.parse_known_args(argv)[0].ray_replicas is None:
-        argv += ["--ray-replicas", "1"]
-    return cli_main(["serve", *argv])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
