@@ -323,9 +323,8 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x:
     M > MAX_STATIC_M (prompt processing): for each slice of PASS_ROWS weight rows (55-320 KB
     of Q4_K at the Qwen shapes: they stay in L2), the static path of PASS_M activation rows
     at a time (the last group smaller), so every update keeps its accumulators in registers;
-    each super-block is decoded once per PASS_M rows instead of once per M.  (Accumulating
-    all M rows of a tile in an L1 scratch instead cost ~8 cycles per row and super-block,
-    the x blocks of 64 rows outgrowing L1: prompt of 300 tokens 82 -> ~115 tokens/s.)
+    each super-block is decoded once per PASS_M rows instead of once per M (one L1 scratch
+    for all M rows was slower: docs/architecture.md, "Tuned constants").
     Both paths do the same float operations per (n, m); _lane_sum folds the lanes into
     out[m, n]."""
     M, nblk = x.M, x.nblk

@@ -200,8 +200,7 @@ def _decode(builder, wp, off, qtype: int) -> Decoded:
 
 
 PREFETCH_BYTES = 1024   # how far ahead in each record stream the tile prefetches
-# 16-row tiles for M > 1 only with 256-bit vpdpbusd: on AVX2 (Zen 3) the joined 16-row tile
-# ran the Qwen-0.5B M = 2 pass in 75 ms against 20 ms for M = 1; 8-row tiles keep it near M = 1
+# 16-row tiles for M > 1 only with 256-bit vpdpbusd (AVX2: docs/architecture.md, "Tuned constants")
 WIDE_TILES = have_vnni256()
 
 

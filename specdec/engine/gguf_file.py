@@ -5,8 +5,8 @@ With ``mmap=False`` the file is read once into process memory instead (llama.cpp
 copy: weights stay quantized either way.  ``mmap=None`` (what `specdec.load` passes by
 default) reads the file when it takes at most half of the available memory (`should_map`).
 Why offer it: reading mapped page-cache pages can be much slower than reading anonymous
-memory on some hosts (one VM measured 15 GB/s against 26 GB/s for the same bytes, which
-made decoding the 1.5B 1.85x slower), and it is the host, not the file, that decides.
+memory on some hosts (docs/architecture.md, "Mapped or in memory", has the figures), and
+it is the host, not the file, that decides.
 
 The file layout (GGUF v2/v3, little endian):
 

@@ -53,9 +53,8 @@ class ShuttingDown(SpecdecError):
 
 # -- draft caps under load -------------------------------------------------------------------
 
-# From the measured cost of a target pass over M rows (README, "What verification costs":
-# qwen2.5-coder-1.5b 40.4 ms at M = 1, 46.6 / 55.3 / 68.3 / 80.9 / 100.6 ms at M = 2 / 4 / 6 /
-# 8 / 12) and of a qwen2.5-coder-0.5b draft token (17.7 ms, run per request, unbatched): a
+# From the measured cost t(M) of a target pass over M rows and d of a draft token (run per
+# request, unbatched; the figures: docs/serve.md, "Drafting under load"): a
 # step of B sequences drafting n each costs about t(B·(n+1)) + B·n·d and emits
 # B·(1 - a^(n+1)) / (1 - a); the caps maximise that for acceptance a = 0.6..0.8
 # (docs/serve.md, "Drafting under load").  batch size from -> most drafted tokens per greedy
@@ -305,8 +304,8 @@ class Scheduler:
     the main thread, the one that loaded and warmed the model: numba's OpenMP layer gives each
     calling thread its own team of workers, and once two teams exist (more workers than cores)
     libgomp cuts the workers' spin-wait short, so every one of a step's ~300 parallel regions
-    starts with a futex wake-up (Qwen-1.5B decode on 2 cores: 42.6 ms per token from the
-    loading thread, 59-71 from a second one)."""
+    starts with a futex wake-up (measured: docs/serve.md, "One OpenMP team": the loading thread against a
+    second one)."""
 
     def __init__(self, model, *, n_parallel: int = 4, n_ctx: int | None = None,
                  draft: DraftOptions = DraftOptions(), caps: DraftCaps | None = None,
