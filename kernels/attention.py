@@ -10,7 +10,8 @@ KV_BLOCK, Dh, KV_BLOCK): the scores of consecutive keys are one vector, and a bl
 reads one contiguous run of memory (`blocked_keys` builds the layout from (Hkv, n, Dh) keys).
 The two dot-product phases (scores q·K, then the weighted sum of values) are the
 register-blocked SIMD code of attention_ir.py: a sum of fused multiply-adds in a fixed order
-per (row, head, position or dimension); the softmax between them is the code below.
+per (row, head, position or dimension); the softmax between them is the code below.  The value
+it approximates, in float64: kernels/reference.attention.
 
 Speed: one work item is a query row and a group of up to G_MAX heads sharing a KV head (GQA),
 so each key and value vector is read once for all heads of the group; items run rows-inner, so

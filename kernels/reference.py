@@ -9,6 +9,7 @@ The tests compare the kernels with these bit for bit.
     legacy_parts(qtype, w)          Q4_0 … Q8_0 rows -> signed codes, d, m per block of 32
     legacy_dot(qtype, w, x)         out (M, N) of the legacy × Q8_0/Q8_1 contract (legacy_ir)
     float_dot(w, x)                 out (M, N) of the float-weight contract (32 lanes, fixed tree)
+    attention(q, k, v, pos, …)      causal grouped-query attention in float64 (attention.py)
     fma32(a, b, c)                  a·b + c rounded once to float32 (llvm.fma), element-wise
 """
 from __future__ import annotations
@@ -195,3 +196,22 @@ def float_dot(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     for i in range(k32, k):
         total = total + a[None, :, i] * x[:, None, i]
     return total
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions, scale: float,
+              window: int = 0) -> np.ndarray:
+    """Causal grouped-query attention in float64, the value attention.py approximates in
+    float32: q (M, H, Dh), k and v (Hkv, n_ctx, Dh) in position order (not the cache's blocked
+    key layout), positions (M,): row m sees the keys at positions ≤ positions[m] (and, with a
+    sliding window, > positions[m] − window) -> (M, H, Dh)."""
+    M, H, Dh = q.shape
+    n_rep = H // k.shape[0]
+    out = np.zeros((M, H, Dh))
+    for m in range(M):
+        p = int(positions[m])
+        j0 = max(0, p - window + 1) if window else 0
+        for h in range(H):
+            s = k[h // n_rep, j0:p + 1].astype(np.float64) @ q[m, h].astype(np.float64) * scale
+            w = np.exp(s - s.max())
+            out[m, h] = (w / w.sum()) @ v[h // n_rep, j0:p + 1]
+    return out

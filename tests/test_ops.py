@@ -6,6 +6,7 @@ import math
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
+from specdec.kernels import reference
 from specdec.kernels.attention import attention, blocked_keys
 from specdec.kernels.ops import swiglu
 
@@ -31,21 +32,6 @@ def test_swiglu_close_to_float64_and_in_place():
         assert np.array_equal(one[0], out[m])
 
 
-def _attention_ref(q, k, v, positions, scale, window):
-    """float64 reference; k, v: (Hkv, n_ctx, Dh)."""
-    M, H, Dh = q.shape
-    n_rep = H // k.shape[0]
-    out = np.zeros((M, H, Dh))
-    for m in range(M):
-        p = int(positions[m])
-        j0 = max(0, p - window + 1) if window else 0
-        for h in range(H):
-            s = k[h // n_rep, j0:p + 1].astype(np.float64) @ q[m, h].astype(np.float64) * scale
-            w = np.exp(s - s.max())
-            out[m, h] = (w / w.sum()) @ v[h // n_rep, j0:p + 1]
-    return out
-
-
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 9), hkv=st.sampled_from([1, 2]),
        rep=st.sampled_from([1, 3, 6, 7, 9]), dh=st.sampled_from([8, 20, 64, 128]),
@@ -66,7 +52,7 @@ def test_attention_matches_reference_and_rows_are_independent(seed, m, hkv, rep,
     scale = np.float32(1.0 / math.sqrt(dh))
     out = np.empty_like(q)
     attention(q, kt, v, pos, scale, window, out)
-    np.testing.assert_allclose(out, _attention_ref(q, k, v, pos, scale, window), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out, reference.attention(q, k, v, pos, scale, window), rtol=1e-4, atol=1e-5)
     for i in range(m):                                      # each row alone: bitwise the same
         one = np.empty((1, H, dh), np.float32)
         attention(q[i:i + 1], kt, v, pos[i:i + 1], scale, window, one)
