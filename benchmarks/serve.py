@@ -218,8 +218,10 @@ def chat_request(client: httpx.Client, url: str, messages: list[dict], max_token
     return out
 
 
-def run_level(url: str, prompts: list[dict], c: int, a, llama: bool) -> dict:
-    """C client threads, each sending every prompt once (client k starting at prompt k)."""
+def run_level(url: str, prompts: list[dict], c: int, a, llama: bool, send=None) -> dict:
+    """C client threads, each sending every prompt once (client k starting at prompt k);
+    send(client, prompt) -> the request's row (default: chat_request)."""
+    send = send or (lambda cl, p: chat_request(cl, url, p["messages"], a.max_tokens, llama))
     results: list[list[dict]] = [[] for _ in range(c)]
     errors: list[str] = []
     barrier = threading.Barrier(c + 1)
@@ -230,7 +232,7 @@ def run_level(url: str, prompts: list[dict], c: int, a, llama: bool) -> dict:
             for j in range(len(prompts)):
                 p = prompts[(k + j) % len(prompts)]
                 try:
-                    row = chat_request(cl, url, p["messages"], a.max_tokens, llama)
+                    row = send(cl, p)
                 except Exception as e:  # noqa: BLE001 - a failed request is recorded, not fatal
                     errors.append(f"client {k} {p['id']}: {e!r}")
                     continue

@@ -28,12 +28,11 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # this checkout's specdec
 sys.path.insert(0, str(Path(__file__).parent))
 from common import QWEN_TARGET, machine_info, write_json  # noqa: E402
-from serve import Server, bench_prompts, free_port, model_path  # noqa: E402
+from serve import Server, bench_prompts, free_port, model_path, run_level  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ("ray-2x1", "serve-1x2")
@@ -149,42 +148,16 @@ def request(cl: httpx.Client, url: str, messages: list[dict], max_tokens: int) -
 
 
 def level(url: str, prompts: list[dict], c: int, a) -> dict:
-    """C client threads, each sending every prompt once (client k starting at prompt k)."""
-    rows: list[dict] = []
-    errors: list[str] = []
-    barrier = threading.Barrier(c + 1)
-
-    def client(k: int) -> None:
-        with httpx.Client(timeout=a.request_timeout) as cl:
-            barrier.wait()
-            for j in range(len(prompts)):
-                p = prompts[(k + j) % len(prompts)]
-                try:
-                    rows.append(dict(request(cl, url, p["messages"], a.max_tokens), prompt_id=p["id"], client=k))
-                except Exception as e:  # noqa: BLE001 - recorded, not fatal
-                    errors.append(f"client {k} {p['id']}: {e!r}")
-
-    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(c)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    lat = np.array([r["latency_s"] for r in rows]) if rows else np.zeros(1)
-    n_tok = sum(r["completion_tokens"] for r in rows)
+    """benchmarks/serve.py's run_level (C clients, each sending every prompt once), plus the
+    requests and tokens each replica served."""
+    out = run_level(url, prompts, c, a, False, send=lambda cl, p: request(cl, url, p["messages"], a.max_tokens))
     by_replica: dict = {}
-    for r in rows:
+    for r in out["requests"]:
         b = by_replica.setdefault(r["replica"] or "-", {"requests": 0, "tokens": 0})
         b["requests"] += 1
         b["tokens"] += r["completion_tokens"]
-    return {"concurrency": c, "n_requests": len(rows), "n_errors": len(errors), "errors": errors[:5],
-            "wall_s": round(wall, 3), "completion_tokens": n_tok,
-            "aggregate_tok_s": round(n_tok / wall, 3) if wall else 0.0,
-            "p50_latency_s": round(float(np.percentile(lat, 50)), 3),
-            "p95_latency_s": round(float(np.percentile(lat, 95)), 3),
-            "by_replica": by_replica, "requests": rows}
+    out["by_replica"] = by_replica
+    return out
 
 
 def measure(config: str, a, path: str, prompts: list[dict], logs: Path) -> dict:

@@ -151,24 +151,8 @@ class ServeConfig:
     webui: bool = True                       # the chat page at / (webui.py; --no-webui: off)
 
 
-def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
-    """The FastAPI app over a running scheduler (closed, draining, at the app's shutdown)."""
-    from contextlib import asynccontextmanager
-
-    @asynccontextmanager
-    async def lifespan(app):
-        yield
-        await asyncio.to_thread(scheduler.close)
-
-    app = FastAPI(title="specdec serve", lifespan=lifespan, docs_url=None, redoc_url=None)
-    if config.api_keys:
-        app.add_middleware(BearerAuth, keys=config.api_keys,
-                           public=is_public if config.webui else (lambda path: False))
-    if config.webui:
-        add_webui(app)
-    model = scheduler.model
-    created = int(time.time())
-
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's error body with its 4xx / 5xx status, never a traceback."""
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
         return _error_response(e)
@@ -189,6 +173,27 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
     @app.exception_handler(Exception)
     async def _internal(request, e: Exception):
         return _error_response(ApiError(500, f"internal error: {type(e).__name__}", "server_error"))
+
+
+def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
+    """The FastAPI app over a running scheduler (closed, draining, at the app's shutdown)."""
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        await asyncio.to_thread(scheduler.close)
+
+    app = FastAPI(title="specdec serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    if config.api_keys:
+        app.add_middleware(BearerAuth, keys=config.api_keys,
+                           public=is_public if config.webui else (lambda path: False))
+    if config.webui:
+        add_webui(app)
+    model = scheduler.model
+    created = int(time.time())
+
+    _add_error_handlers(app)
 
     @app.get("/health")
     async def health():
@@ -219,7 +224,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
         ids = model.tokenize(p) if isinstance(p, str) else [int(t) for t in p]
         if any(not 0 <= t < model.config.n_vocab for t in ids):
             raise ApiError(400, f"prompt: token ids must be in 0..{model.config.n_vocab - 1}", param="prompt")
-        return await _serve(body, ids, request, chat=False)
+        return await _serve(scheduler, config, body, ids, request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -228,88 +233,95 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
                  "content": m.content if isinstance(m.content, str) else
                  "".join(x.text for x in m.content or [] if x.type == "text")} for m in body.messages]
         ids = model.tokenize(model.chat_prompt(msgs))
-        return await _serve(body, ids, request, chat=True)
-
-    def _job(body: _Common, ids: list[int], chat: bool) -> Job:
-        if body.model is not None and body.model not in config.model_ids:
-            raise ApiError(404, f"the model {body.model!r} does not exist; this server serves "
-                                f"{config.model_ids[0]!r}", param="model", code="model_not_found")
-        if not ids:
-            raise ApiError(400, "the prompt is empty", param="prompt")
-        if len(ids) + 1 > scheduler.n_ctx:
-            raise ApiError(400, f"the prompt has {len(ids)} tokens; this server's context is "
-                                f"{scheduler.n_ctx} (--ctx-size) per request", param="prompt",
-                           code="context_length_exceeded")
-        d = config.params
-        params = SamplerParams(
-            temperature=d.temperature if body.temperature is None else body.temperature,
-            top_k=d.top_k if body.top_k is None else body.top_k,
-            top_p=d.top_p if body.top_p is None else body.top_p,
-            min_p=d.min_p if body.min_p is None else body.min_p)
-        draft = scheduler.draft
-        if body.draft is not None:
-            kind = None if body.draft == "none" else body.draft
-            if kind in ("model", "hybrid") and config.draft_model is None:
-                raise ApiError(400, f"draft {kind!r} needs a draft model: start the server with -md",
-                               param="draft")
-            # "none": plain decoding (kind None with a draft model would mean the defaults)
-            draft = (replace(draft, kind=None, model=None, drafter=None, suffix_store=None)
-                     if kind is None else replace(draft, kind=kind, model=config.draft_model, drafter=None))
-        if body.draft_n is not None:
-            draft = replace(draft, n=body.draft_n)
-        n = next((x for x in (body.max_tokens, body.max_completion_tokens, body.n_predict)
-                  if x is not None), config.n_predict)
-        limit = config.max_tokens_limit
-        if limit is not None and (n > limit or n == -1):
-            if n == config.n_predict:                       # the server's own default: capped
-                n = limit
-            else:
-                raise ApiError(400, f"max_tokens: at most {limit} on this server (--max-tokens-limit), "
-                                    f"got {n}", param="max_tokens")
-        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-        pred = body.prediction
-        prediction = None if pred is None else (pred if isinstance(pred, str) else pred.text())
-        return Job(ids, n, params, draft, prediction=prediction, seed=config.seed if body.seed is None else (None if body.seed == -1 else body.seed),
-                   stop=stop, ignore_eos=body.ignore_eos, stream=body.stream,
-                   logprobs=_n_top(body, chat),
-                   post_sampling=body.post_sampling_probs,
-                   tokens=bool(body.specdec and body.specdec.tokens))
-
-    async def _serve(body: _Common, ids: list[int], request: Request, chat: bool):
-        job = _job(body, ids, chat)
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        job.on_event = lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (kind, value))
-        try:
-            scheduler.submit(job)
-        except (QueueFull, ShuttingDown) as e:
-            raise ApiError(503, str(e), "server_error", code="unavailable",
-                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        shape = _Shape(rid, int(time.time()), config.model_ids[0], chat, job, model.tokenizer)
-        if body.stream:
-            usage_chunk = bool((body.stream_options or {}).get("include_usage"))
-            return StreamingResponse(_sse(job, events, shape, usage_chunk),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        try:
-            while True:
-                try:
-                    kind, value = await asyncio.wait_for(events.get(), 0.25)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        job.cancel()
-                        return JSONResponse(error_body("client disconnected"), status_code=499)
-                    continue
-                if kind == "done":
-                    return whole(job, shape.full(value))
-                if kind == "error":
-                    raise _as_api_error(value)
-        finally:
-            if not job.finished.is_set():
-                job.cancel()
+        return await _serve(scheduler, config, body, ids, request, chat=True)
 
     return app
+
+
+def _job(scheduler: Scheduler, config: ServeConfig, body: _Common, ids: list[int], chat: bool) -> Job:
+    """The scheduler's Job of a request body: its model, prompt, sampling, drafting and limits
+    checked (an ApiError naming the field otherwise)."""
+    if body.model is not None and body.model not in config.model_ids:
+        raise ApiError(404, f"the model {body.model!r} does not exist; this server serves "
+                            f"{config.model_ids[0]!r}", param="model", code="model_not_found")
+    if not ids:
+        raise ApiError(400, "the prompt is empty", param="prompt")
+    if len(ids) + 1 > scheduler.n_ctx:
+        raise ApiError(400, f"the prompt has {len(ids)} tokens; this server's context is "
+                            f"{scheduler.n_ctx} (--ctx-size) per request", param="prompt",
+                       code="context_length_exceeded")
+    d = config.params
+    params = SamplerParams(
+        temperature=d.temperature if body.temperature is None else body.temperature,
+        top_k=d.top_k if body.top_k is None else body.top_k,
+        top_p=d.top_p if body.top_p is None else body.top_p,
+        min_p=d.min_p if body.min_p is None else body.min_p)
+    draft = scheduler.draft
+    if body.draft is not None:
+        kind = None if body.draft == "none" else body.draft
+        if kind in ("model", "hybrid") and config.draft_model is None:
+            raise ApiError(400, f"draft {kind!r} needs a draft model: start the server with -md",
+                           param="draft")
+        # "none": plain decoding (kind None with a draft model would mean the defaults)
+        draft = (replace(draft, kind=None, model=None, drafter=None, suffix_store=None)
+                 if kind is None else replace(draft, kind=kind, model=config.draft_model, drafter=None))
+    if body.draft_n is not None:
+        draft = replace(draft, n=body.draft_n)
+    n = next((x for x in (body.max_tokens, body.max_completion_tokens, body.n_predict)
+              if x is not None), config.n_predict)
+    limit = config.max_tokens_limit
+    if limit is not None and (n > limit or n == -1):
+        if n == config.n_predict:                       # the server's own default: capped
+            n = limit
+        else:
+            raise ApiError(400, f"max_tokens: at most {limit} on this server (--max-tokens-limit), "
+                                f"got {n}", param="max_tokens")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    pred = body.prediction
+    prediction = None if pred is None else (pred if isinstance(pred, str) else pred.text())
+    return Job(ids, n, params, draft, prediction=prediction, seed=config.seed if body.seed is None else (None if body.seed == -1 else body.seed),
+               stop=stop, ignore_eos=body.ignore_eos, stream=body.stream,
+               logprobs=_n_top(body, chat),
+               post_sampling=body.post_sampling_probs,
+               tokens=bool(body.specdec and body.specdec.tokens))
+
+async def _serve(scheduler: Scheduler, config: ServeConfig, body: _Common, ids: list[int],
+                 request: Request, chat: bool):
+    """Submit the request's job and answer: a stream of chunks, or the whole response once done
+    (cancelled when the client goes away)."""
+    job = _job(scheduler, config, body, ids, chat)
+    model = scheduler.model
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    job.on_event = lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+    try:
+        scheduler.submit(job)
+    except (QueueFull, ShuttingDown) as e:
+        raise ApiError(503, str(e), "server_error", code="unavailable",
+                       headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    shape = _Shape(rid, int(time.time()), config.model_ids[0], chat, job, model.tokenizer)
+    if body.stream:
+        usage_chunk = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(_sse(job, events, shape, usage_chunk),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        while True:
+            try:
+                kind, value = await asyncio.wait_for(events.get(), 0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancel()
+                    return JSONResponse(error_body("client disconnected"), status_code=499)
+                continue
+            if kind == "done":
+                return whole(job, shape.full(value))
+            if kind == "error":
+                raise _as_api_error(value)
+    finally:
+        if not job.finished.is_set():
+            job.cancel()
 
 
 def _n_top(body: _Common, chat: bool) -> int | None:
