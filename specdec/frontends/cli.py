@@ -64,6 +64,16 @@ def _progress(msg: str) -> None:
 def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
     """The model and sampling flags; with serve=False also the prompt and speculation ones."""
     g = p.add_argument_group("model")
+    _add_model_flags(g)
+    _add_load_flags(g)
+    if serve:
+        _add_sampling_flags(p, n_predict=-1)
+        return
+    _add_prompt_flags(p)
+
+
+def _add_model_flags(g) -> None:
+    """-m, -md and how the draft drafts (llama-cli / llama-server names)."""
     g.add_argument("-m", "--model", default=hub.DEFAULT_TARGET, metavar="FNAME",
                    help=f"target model: a GGUF path or a known id (default: {hub.DEFAULT_TARGET})")
     g.add_argument("-md", "--draft-model", "--model-draft", default=None, metavar="FNAME",
@@ -112,6 +122,10 @@ def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
                         "none: as stored)")
     g.add_argument("--draft-quant-head", default=None, metavar="TYPE",
                    help="requantize the draft model's output head at load into TYPE (as --draft-quant)")
+
+
+def _add_load_flags(g) -> None:
+    """How the models are read and run: requantization, context, threads, mmap."""
     g.add_argument("--quant", default=None, metavar="TYPE",
                    help="requantize the -m model's layer matmuls at load into TYPE (q4_0, q5_0, q8_0) "
                         "where narrower than stored (a different, smaller model)")
@@ -136,9 +150,10 @@ def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
                         "kept after a first load; SPECDEC_PREPARED=0 does the same)")
     g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, default=None, metavar="N",
                    help="accepted for llama-cli compatibility; specdec runs on the CPU")
-    if serve:
-        _add_sampling_flags(p, n_predict=-1)
-        return
+
+
+def _add_prompt_flags(p: argparse.ArgumentParser) -> None:
+    """The prompt, sampling and speculation-output flags of run / chat / check."""
     g = p.add_argument_group("prompt")
     g.add_argument("-p", "--prompt", default=None, metavar="PROMPT", help="prompt text (special tokens recognised)")
     g.add_argument("-f", "--file", default=None, metavar="FNAME", help="read the prompt from a file")
