@@ -108,8 +108,7 @@ sampling_params = st.builds(
 
 FLOATS = [T.F32, T.F16, T.BF16]
 # byte layout of a 32-block: (fp16 fields, offset of qh or None, offset of qs, code offset)
-LAYOUT = {T.Q4_0: ((0,), None, 2, 8), T.Q4_1: ((0, 2), None, 4, 0), T.Q5_0: ((0,), 2, 6, 16),
-          T.Q5_1: ((0, 2), 4, 8, 0), T.Q8_0: ((0,), None, 2, 0)}
+LAYOUT = reference.LEGACY_LAYOUT
 F16_FIELDS = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 
 def make_weights(qt, n: int, k: int, rng: np.random.Generator, raw: bool) -> np.ndarray:
