@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 import specdec
-from specdec.request import AUTO_DRAFT_QUANT
+from specdec.api.request import AUTO_DRAFT_QUANT
 from common import QWEN_DRAFT, QWEN_TARGET, load_prompts, machine_info, timed_configs, warm_up, write_json
 
 README_PROMPTS = ("Write a quicksort in Python.",

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=0, help="request bodies against specdec serve")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fuzz.json"))
     a = ap.parse_args(argv)
-    from specdec import hub
+    from specdec.models import hub
     rng = np.random.default_rng(a.seed)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 
 import specdec
-from specdec.request import AUTO_DRAFT_QUANT
+from specdec.api.request import AUTO_DRAFT_QUANT
 from common import (PROMPTS_DIR, QWEN_DRAFT, QWEN_TARGET, load_prompts, machine_info, timed_configs,
                     warm_up, write_json)
 

@@ -93,7 +93,7 @@ def free_port() -> int:
 
 
 def model_path(model_id: str) -> str:
-    from specdec import hub
+    from specdec.models import hub
     return str(hub.resolve(model_id, download=True, progress=False))
 
 

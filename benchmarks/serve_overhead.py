@@ -37,8 +37,8 @@ from common import machine_info, write_json  # noqa: E402
 import specdec  # noqa: E402
 from specdec.frontends.serve.app import ServeConfig, create_app  # noqa: E402
 from specdec.frontends.serve.scheduler import Job, Scheduler  # noqa: E402
-from specdec.request import Runner  # noqa: E402
-from specdec.sampling import SamplerParams  # noqa: E402
+from specdec.api.request import Runner  # noqa: E402
+from specdec.generation.sampling import SamplerParams  # noqa: E402
 
 MODEL = "smollm2-135m-instruct-q4_1"
 MESSAGES = [{"role": "user", "content": "Write a Python class for an LRU cache with get and put, "

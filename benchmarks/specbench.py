@@ -116,7 +116,7 @@ def llama_command(method: str, exe: Path, target: str, draft: str, port: int, ct
 def run_llama(method: str, exe: Path, qs: list[dict], max_tokens: int, log_dir: Path) -> list[dict]:
     import httpx
     from serve import Server, free_port
-    from specdec import hub
+    from specdec.models import hub
     target, draft = (str(hub.resolve(m, download=True, progress=False)) for m in (QWEN_TARGET, QWEN_DRAFT))
     port = free_port()
     server = Server(llama_command(method, exe, target, draft, port, 8192), log_dir / f"{method}.log", port)

@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import QWEN_DRAFT, QWEN_TARGET, machine_info, write_json  # noqa: E402
-from specdec import hub  # noqa: E402
+from specdec.models import hub  # noqa: E402
 from specdec.engine import prepared  # noqa: E402
 from specdec.frontends.bench import llamacpp_build, llamacpp_dir  # noqa: E402
 

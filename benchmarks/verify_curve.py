@@ -40,7 +40,7 @@ from numba import njit, prange
 
 import specdec
 import specdec.engine.model as model_mod
-from specdec import llamacpp
+from specdec.models import llamacpp
 from specdec.frontends.bench import llamacpp_forward_ms
 from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, machine_info, warm_up, write_json
 

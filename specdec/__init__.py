@@ -38,13 +38,13 @@ def _checkout_kernels() -> None:
 _checkout_kernels()
 
 # The layers, bottom up: kernels/ (specdec.kernels) -> engine/ (reader, config, model, KV
-# cache) -> the request path (interfaces, sampling, generate, speculation/, request) -> api ->
-# frontends/ (cli, chat, serve, bench, report).  Users' names are re-exported here.
-from .api import Completion, Model, load  # noqa: E402
+# cache), text/ (tokenizer, template), models/ (the hub) -> generation/ (interfaces,
+# sampling, plain decoding) -> speculation/ -> api/ (load, Model, the request path,
+# Conversation) -> frontends/ (cli, chat, serve, bench, report).  Users' names are
+# re-exported here.
+from .api import Completion, Conversation, DraftOptions, Model, load  # noqa: E402
 from .errors import (ConfigError, ContextOverflowError, GGUFError,  # noqa: E402
                      IncompatibleDraftError, SpecdecError, TokenizerError, UnsupportedModelError)
-from .frontends.chat import Conversation  # noqa: E402
-from .request import DraftOptions  # noqa: E402
 from .speculation.drafters import (Draft, Drafter, HybridDrafter, ModelDrafter,  # noqa: E402
                                    PredictionDrafter, PromptLookupDrafter, SuffixDrafter, SuffixStore)
 from .speculation.policies import AdaptiveLength, DraftPolicy, FixedLength, Threshold  # noqa: E402

@@ -18,7 +18,7 @@ import gguf
 
 from fakes import PAIR_FACTORIES
 from specdec.kernels import formats, reference
-from specdec.sampling import SamplerParams, probs
+from specdec.generation.sampling import SamplerParams, probs
 from specdec.speculation.trace import StepRecord
 
 T = gguf.GGMLQuantizationType
@@ -29,7 +29,7 @@ MARGIN = 0.5             # greedy ids must match llama.cpp's up to its first top
 
 
 def real_model_path(model_id: str) -> Path:
-    from specdec import hub
+    from specdec.models import hub
     if os.environ.get("SPECDEC_OFFLINE") == "1":
         try:
             return hub.resolve(model_id, download=False)

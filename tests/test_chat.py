@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec.frontends.chat import CHATML, Conversation, chat_prompt, common_prefix, render
+from specdec.api.conversation import CHATML, Conversation, chat_prompt, common_prefix, render
 from specdec.errors import ChatTemplateError, ConfigError
-from specdec.generate import generate_plain
-from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
+from specdec.generation.plain import generate_plain
+from specdec.generation.sampling import GREEDY, NumpyRandom, SamplerParams
 from specdec.speculation.speculative import generate_speculative
 from specdec.speculation.drafters import ModelDrafter
 from synth import TinySpec

@@ -25,7 +25,7 @@ TURN_DONE = re.compile(rb"specdec: \d+ tokens in [\d.]+ s = [\d.]+ tok/s; prompt
 
 def _model(tmp_path) -> tuple[str, list[str], list[str]]:
     """(model, extra flags, [long question, short question, short question])"""
-    from specdec import hub
+    from specdec.models import hub
     try:
         path = str(hub.resolve("smollm2-135m-instruct-q4_1", download=False))
         return path, ["-n", "160"], ["Count from 1 to 100, one number per line.",

@@ -142,7 +142,7 @@ def test_chat_over_a_pipe_reuses_the_cache(tiny):
 def test_info_and_models(tiny, tmp_path):
     r = cli("info", tiny["target"])
     assert r.returncode == 0 and "architecture:  llama" in r.stdout and "52 tokens" in r.stdout
-    from specdec import hub
+    from specdec.models import hub
     known = hub.list_models()
     (tmp_path / known[0]["path"].rsplit("/", 1)[-1]).write_bytes(b"GGUF")
     r = cli("models", env={"SPECDEC_HOME": str(tmp_path)})

@@ -9,7 +9,7 @@ import pytest
 import specdec
 from specdec.engine import gguf_file, resources
 from specdec.kernels import cpu
-from specdec.request import AUTO_N_MAX, AUTO_VOCAB, DraftOptions
+from specdec.api.request import AUTO_N_MAX, AUTO_VOCAB, DraftOptions
 from specdec.speculation.policies import AdaptiveLength, Threshold
 from synth import TinySpec, write_tiny_model
 

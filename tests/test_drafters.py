@@ -19,10 +19,10 @@ from fakes import PAIR_FACTORIES, RELATIONS, enumerate_outcomes
 from specdec.speculation.drafters import (HybridDrafter, Match, ModelDrafter, NgramIndex, PromptLookupDrafter,
                               make_drafter)
 from specdec.errors import ConfigError, SpecdecError
-from specdec.generate import generate_plain
+from specdec.generation.plain import generate_plain
 from specdec.speculation.policies import (AdaptiveLength, FixedLength, StepFeedback, Threshold, best_n, best_n_by_position,
                               expected_tokens, make_policy)
-from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
+from specdec.generation.sampling import GREEDY, NumpyRandom, SamplerParams
 from specdec.speculation.speculative import generate_speculative
 from helpers import ListTrace, factories, sampling_params, target_law
 
@@ -435,7 +435,7 @@ def test_adaptive_length_stops_a_source_that_cannot_pay():
 
 def test_defaults_take_this_hosts_verify_growth():
     from specdec.kernels.cpu import VERIFY_GROWTH, verify_growth
-    from specdec.request import AUTO_STOP_AFTER, DraftOptions
+    from specdec.api.request import AUTO_STOP_AFTER, DraftOptions
     pol = DraftOptions(kind="prompt-lookup").length_policy()
     assert pol.growth_prior == verify_growth() in VERIFY_GROWTH.values()
     assert pol.stop_after == AUTO_STOP_AFTER and pol.n_min == 1

@@ -212,7 +212,7 @@ def test_chat_template_gives_llamacpp_prompt_ids(real_model):
     """A Gemma turn template rendered by specdec.frontends.chat (Jinja2) gives exactly the ids llama.cpp
     was fed for the reference chat prompts: one BOS, <start_of_turn> / <end_of_turn> as the
     single special tokens 105 / 106."""
-    from specdec.frontends.chat import chat_prompt
+    from specdec.api.conversation import chat_prompt
     m = real_model(GEMMA)
     assert m.tokenizer.chat_template is None
     tok = dataclasses.replace(m.tokenizer, chat_template=GEMMA_TEMPLATE)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from specdec import hub
+from specdec.models import hub
 from specdec.errors import SpecdecError
-from specdec.hub import ChecksumError, DownloadError, ModelNotFoundError, ModelSource
+from specdec.models.hub import ChecksumError, DownloadError, ModelNotFoundError, ModelSource
 
 SMOL_WHEELS = Path("/tmp/wheels/smol")
 FAKE_VERSION = "1.0.0"

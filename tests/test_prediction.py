@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from fakes import RELATIONS, enumerate_outcomes
 from helpers import ListTrace, factories, sampling_params, target_law
 from specdec.errors import ConfigError
-from specdec.generate import generate_plain
-from specdec.sampling import GREEDY, NumpyRandom
+from specdec.generation.plain import generate_plain
+from specdec.generation.sampling import GREEDY, NumpyRandom
 from specdec.speculation.drafters import ModelDrafter, PredictionDrafter, PromptLookupDrafter
 from specdec.speculation.policies import AdaptiveLength, Threshold
 from specdec.speculation.speculative import generate_speculative

@@ -19,16 +19,16 @@ from fakes import FakeSession, enumerate_outcomes, window_logits
 from helpers import sampling_params, target_law
 from synth import TinySpec, tokenizer_metadata
 from specdec.errors import ConfigError, IncompatibleDraftError
-from specdec.generate import generate_plain
-from specdec.request import DraftOptions
-from specdec.sampling import GREEDY, NumpyRandom
+from specdec.generation.plain import generate_plain
+from specdec.api.request import DraftOptions
+from specdec.generation.sampling import GREEDY, NumpyRandom
 from specdec.speculation.compat import check_compatible
 from specdec.speculation.drafters import ModelDrafter, RetokenizingDrafter, make_drafter
 from specdec.speculation.drafters.retok import (IdText, Spelling, TextTokens, complete_utf8,
                                                 continuation, last_safe_point)
 from specdec.speculation.policies import AdaptiveLength, FixedLength
 from specdec.speculation.speculative import generate_speculative
-from specdec.tokenizer import Tokenizer
+from specdec.text.tokenizer import Tokenizer
 
 # two byte-level BPE vocabularies over the same bytes (a b c, space Ġ, newline Ċ, and é as
 # Ã©), merging differently; the last token of each is the same special (CONTROL) end token
@@ -235,7 +235,7 @@ def test_exact_output_law(seed, data, n_predict, draft_n, relation, params, use_
 
 def test_exact_output_law_longer():
     """Deeper: 4 tokens, drafts of up to 3 target ids, an oracle draft, all filters on."""
-    from specdec.sampling import SamplerParams
+    from specdec.generation.sampling import SamplerParams
     params = SamplerParams(temperature=1.1, top_k=3, top_p=0.95, min_p=0.05)
     prompt = [3, 2]
     target, drafter, _ = retok_pair(T5, D5, 11, "oracle", prompt, 4)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.errors import SpecdecError
-from specdec.sampling import (GREEDY, NumpyRandom, SamplerParams, probs, probs_rows, sample, softmax,
+from specdec.generation.sampling import (GREEDY, NumpyRandom, SamplerParams, probs, probs_rows, sample, softmax,
                               top_prob)
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0)

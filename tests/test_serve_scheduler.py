@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from specdec.frontends.serve.scheduler import (Cancelled, DraftCaps, Job, QueueFull, Scheduler,
                                                _TextTracker)
-from specdec.request import DraftOptions, Runner
-from specdec.sampling import SamplerParams
+from specdec.api.request import DraftOptions, Runner
+from specdec.generation.sampling import SamplerParams
 from synth import TinySpec
 
 GREEDY = SamplerParams(temperature=0.0)

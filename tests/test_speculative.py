@@ -19,8 +19,8 @@ from fakes import PAIR_FACTORIES, RELATIONS, FakeSession, PathRng, enumerate_out
 from helpers import ListTrace, factories, sampling_params, target_law
 from specdec.speculation.drafters import ModelDrafter
 from specdec.errors import SpecdecError
-from specdec.generate import generate_plain
-from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
+from specdec.generation.plain import generate_plain
+from specdec.generation.sampling import GREEDY, NumpyRandom, SamplerParams
 from specdec.speculation.speculative import generate_speculative
 from specdec.speculation.trace import JsonlTrace, StepRecord, read_trace
 from specdec.speculation.verify import DraftProbabilityError, VerifyResult, alphas, overlap, residual, verify

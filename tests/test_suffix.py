@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from fakes import PAIR_FACTORIES, RELATIONS, enumerate_outcomes
 from helpers import factories, sampling_params, target_law
 from specdec.errors import CacheFileError, ConfigError
-from specdec.generate import generate_plain
-from specdec.sampling import GREEDY, NumpyRandom, SamplerParams
+from specdec.generation.plain import generate_plain
+from specdec.generation.sampling import GREEDY, NumpyRandom, SamplerParams
 from specdec.speculation.drafters import (HybridDrafter, ModelDrafter, PromptLookupDrafter,
                                           SuffixDrafter, SuffixStore, make_drafter)
 from specdec.speculation.policies import AdaptiveLength, Threshold
@@ -336,7 +336,7 @@ def test_cli_lookup_cache_round_trip_and_a_corrupt_file(tiny, tmp_path, capsys):
 
 def test_chat_turns_share_the_store(tiny_model):
     from synth import TinySpec
-    from specdec.frontends.chat import Conversation
+    from specdec.api.conversation import Conversation
     template = ("{% for m in messages %}{{ m['role'][0] | upper }}{{ m['content'] }}{% endfor %}"
                 "{% if add_generation_prompt %}A{% endif %}")
     target = tiny_model(TinySpec(n_vocab=52, chat_template=template, n_ctx=256))
@@ -358,7 +358,7 @@ def test_chat_turns_share_the_store(tiny_model):
 def test_serve_requests_share_one_store(tiny_model):
     from dataclasses import replace
     from specdec.frontends.serve.scheduler import Job, Scheduler
-    from specdec.request import DraftOptions
+    from specdec.api.request import DraftOptions
     from test_serve_scheduler import SPEC, prompt
     target = tiny_model(SPEC)
     store = SuffixStore()

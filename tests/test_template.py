@@ -7,7 +7,7 @@ import time
 import pytest
 
 from specdec.errors import ChatTemplateError
-from specdec.template import CHATML, Limits, render
+from specdec.text.template import CHATML, Limits, render
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
 FAST = Limits(seconds=0.3)

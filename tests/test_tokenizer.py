@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from specdec.errors import TokenizerError
 from specdec.engine.gguf_file import GGUFFile
-from specdec.tokenizer import StreamDecoder, Tokenizer
+from specdec.text.tokenizer import StreamDecoder, Tokenizer
 
 RECORDS = [json.loads(line) for line in (Path(__file__).parent / "data" / "reference" / "llamacpp.jsonl")
            .read_text(encoding="utf-8").splitlines()]

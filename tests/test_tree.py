@@ -153,8 +153,8 @@ import specdec.speculation.speculative as speculative                      # noq
 from fakes import PAIR_FACTORIES, RELATIONS                                 # noqa: E402
 from helpers import ListTrace, factories, sampling_params, target_law      # noqa: E402
 from specdec.errors import ConfigError                                      # noqa: E402
-from specdec.generate import generate_plain                                 # noqa: E402
-from specdec.sampling import GREEDY, NumpyRandom, SamplerParams             # noqa: E402
+from specdec.generation.plain import generate_plain                                 # noqa: E402
+from specdec.generation.sampling import GREEDY, NumpyRandom, SamplerParams             # noqa: E402
 from specdec.speculation.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter  # noqa: E402
 from specdec.speculation.policies import FixedLength                       # noqa: E402
 
@@ -259,7 +259,7 @@ def test_model_tree_greedy_top_k_first_tokens():
 
 
 def test_tree_options_and_errors():
-    from specdec.request import DraftOptions
+    from specdec.api.request import DraftOptions
     assert DraftOptions(kind="prompt-lookup", tree=3).length_policy().n_max == 5    # threshold
     for bad in (dict(tree=0), dict(tree=9), dict(tree=2.5), dict(tree=2, policy="adaptive")):
         with pytest.raises(ConfigError) as e:

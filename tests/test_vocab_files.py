@@ -17,7 +17,7 @@ import gguf
 import pytest
 
 from specdec.errors import TokenizerError
-from specdec.tokenizer import Tokenizer
+from specdec.text.tokenizer import Tokenizer
 
 SEP = "\n__ggml_vocab_test__\n"
 SUPPORTED = ("command-r", "deepseek-coder", "falcon", "gpt-2", "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2",

@@ -16,8 +16,7 @@ from typing import Sequence
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from .. import kernels
-from ..kernels import repack
+from ..kernels import GET_ROWS, SUPPORTED_TYPES, get_rows, matmul, repack
 from ..kernels.attention import attention
 from ..kernels.attention_tree import attention_tree, tree_mask
 from ..kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_sin, swiglu
@@ -25,7 +24,7 @@ from ..kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_
 from .config import ROPE_NEOX, ModelConfig
 from ..errors import ConfigError, GGUFError, NumericalError, UnsupportedModelError
 from .gguf_file import GGUFFile
-from ..interfaces import Session
+from ..generation.interfaces import Session
 from .kv_cache import KVCache
 from .prepared import Prepared
 from .requant import Requant, convert, narrows
@@ -45,7 +44,7 @@ class Linear:
     float_act: bool = False            # keep activations in float32 (kernels/float_act.py)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        y = kernels.matmul(self.w, self.qtype, x, float_act=self.float_act)   # (M, K) -> (M, N)
+        y = matmul(self.w, self.qtype, x, float_act=self.float_act)   # (M, K) -> (M, N)
         if self.bias is not None:
             y += self.bias
         return y
@@ -110,7 +109,7 @@ class Weights:
         def lin(name, n_in, n_out, bias=False, exact=False, table=False, head=False):
             seen.add(name)
             t = _info(gf, name, (n_in, n_out))
-            if t.ggml_type not in kernels.SUPPORTED_TYPES:
+            if t.ggml_type not in SUPPORTED_TYPES:
                 raise UnsupportedModelError(
                     f"{gf.path}: tensor {name!r} has unsupported type {t.type_name}")
             b = opt_vec(name.replace(".weight", ".bias"), n_out) if bias else None
@@ -177,7 +176,7 @@ def _prepare(gf: GGUFFile, name: str, stored: int, n_in: int, n_out: int, requan
         if not exact and repack.can_repack(qtype, n_out):
             w, qtype = repack.repack(w, qtype), repack.REPACKED[qtype]
     elif (gf.in_memory and not exact and repack.can_repack(qtype, n_out)
-          and (not table or (repack.REPACKED[qtype] in kernels.GET_ROWS
+          and (not table or (repack.REPACKED[qtype] in GET_ROWS
                              and not narrows(qtype, requant and requant.head)))):
         # weights in process memory: rewrite in place (legacy: one stream per 8 rows;
         # K-quants: codes in the kernels' lane order, a table too unless a requantized
@@ -314,7 +313,7 @@ def _forward(cfg: ModelConfig, w: Weights, items: list[Item], head: Linear | Non
              tree: tuple[np.ndarray, np.ndarray] | None = None) -> list[np.ndarray]:
     """The body of forward, forward_batch and forward_tree: embed, the layers, the head."""
     plan = _plan(items, tree)
-    x = kernels.get_rows(w.tok_embd, w.tok_embd_type, np.concatenate(plan.toks), cfg.d_model)  # (M, D)
+    x = get_rows(w.tok_embd, w.tok_embd_type, np.concatenate(plan.toks), cfg.d_model)  # (M, D)
     if cfg.embed_scale != 1.0:
         x *= np.float32(cfg.embed_scale)
     rope_cs: dict[tuple, np.ndarray] = {}                       # (base, local) -> cos, sin

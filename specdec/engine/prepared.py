@@ -48,7 +48,7 @@ def enabled() -> bool:
 
 
 def root() -> Path:
-    from ..hub import cache_dir                  # the model cache's folder
+    from ..models.hub import cache_dir                  # the model cache's folder
     return cache_dir() / "prepared"
 
 

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .. import llamacpp
+from ..models import llamacpp
 
 # llama.cpp on this machine kind (2 cores, AVX-512), llama-bench -t 2 -p 64 -n 64, tokens/s
 LLAMACPP = {

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
-from ..sampling import SamplerParams, probs_rows
+from ..generation.sampling import SamplerParams, probs_rows
 
 N_SIMULATIONS = 4000        # multinomial draws for the null distribution and the power
 

@@ -21,7 +21,8 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from .. import hub, kernels
+from ..models import hub
+from ..kernels import cpu
 from ..engine import prepared
 from .console import COLORS, RESET, detail_lines, summary_line
 from ..errors import ConfigError, SpecdecError
@@ -352,7 +353,7 @@ def _draft_options(a):
     model is filled in once it is.  Also checks the requantization flags.  With --draft
     suffix or -lcd they carry the suffix store (read from the -lcd file when it exists; `main`
     writes it back at exit)."""
-    from ..request import DraftOptions
+    from ..api.request import DraftOptions
     _quant(a, "target")
     _quant(a, "draft")
     store, kind = _suffix_store(a), a.draft
@@ -389,7 +390,7 @@ def _quant(a, role: str) -> tuple[str | None, str | None]:
     """The (layers, head) requantization types of the target (--quant, --quant-head) or the
     draft model (--draft-quant, --draft-quant-head), checked (ConfigError naming the flag)."""
     from ..engine.requant import Requant
-    from ..request import AUTO_DRAFT_QUANT
+    from ..api.request import AUTO_DRAFT_QUANT
     pre = "draft_" if role == "draft" else ""
     layers, head = getattr(a, pre + "quant", None), getattr(a, pre + "quant_head", None)
     flag = "--draft-quant" if role == "draft" else "--quant"
@@ -407,7 +408,7 @@ def _quant(a, role: str) -> tuple[str | None, str | None]:
 def _load(name: str, n_ctx: int, activations: str = "auto", mmap: bool | None = None,
           quant: tuple[str | None, str | None] = (None, None)):
     """Load a model (quant: its (layers, head) requantization types, see _quant)."""
-    from ..api import load
+    from ..api.model import load
     t0 = time.perf_counter()
     _progress(f"specdec: loading {name}" + (f" (layers requantized to {quant[0]})" if quant[0] else "")
               + (f" (head requantized to {quant[1]})" if quant[1] else "") + " ...")
@@ -532,7 +533,7 @@ def _model_prompt(a, target, prompt: str) -> tuple[str, bool]:
 
 def _chat(a, target, options, first: str | None = None) -> int:
     """`specdec chat` and `specdec run -cnv`: an interactive Conversation."""
-    from .chat import Conversation
+    from ..api.conversation import Conversation
     from .console import chat_loop
     if target.tokenizer.chat_template is None:
         _progress(f"specdec: note: {target.name} has no chat template; using ChatML")
@@ -572,7 +573,7 @@ def cmd_check(a) -> int:
                     f"(target's top-2 logit margin there {r.margin:.4g})")
             ok = r.identical
         else:
-            from ..sampling import SamplerParams
+            from ..generation.sampling import SamplerParams
             params = SamplerParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
             r = check.check_sampled(target, ids, params, a.samples, options, i, a.shift, a.alpha,
                                     seed=_seed(a) or 0, **kw)
@@ -646,7 +647,7 @@ def cmd_bench(a) -> int:
 def cmd_info(a) -> int:
     from ..engine.config import ModelConfig
     from ..engine.gguf_file import GGUFFile
-    from ..tokenizer import Tokenizer
+    from ..text.tokenizer import Tokenizer
     path = hub.resolve(a.model, download=False)
     gf = GGUFFile(path)
     cfg = ModelConfig.from_gguf(gf)
@@ -715,7 +716,7 @@ def main(argv=None) -> int:
         if getattr(a, "no_prepared", False):
             os.environ[prepared.ENV] = "0"
         try:
-            kernels.cpu.check_path()                    # SPECDEC_KERNELS names a path this host has
+            cpu.check_path()                    # SPECDEC_KERNELS names a path this host has
         except ValueError as e:
             raise ConfigError(str(e)) from None
         try:

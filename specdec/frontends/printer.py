@@ -9,7 +9,7 @@ class TokenPrinter:
     """on_token callback: printer(token_id, kind) writes the token's text as soon as it is whole."""
 
     def __init__(self, tokenizer, out: IO[str], colors: dict[str, str] | None = None, reset: str = ""):
-        from ..tokenizer import StreamDecoder
+        from ..text.tokenizer import StreamDecoder
         self.decoder = StreamDecoder(tokenizer)
         self.out, self.colors, self.reset = out, colors or {}, reset
 

@@ -38,11 +38,11 @@ from .drafters import Draft, Drafter
 from .drafters.base import DraftTree
 from .drafters.prediction import SOURCE as PREDICTED
 from ..errors import ConfigError, IncompatibleDraftError
-from ..generate import check_request, kept_prefix
-from ..interfaces import (DrafterStats, Eval, EvalTree, GenerationResult, OnToken, Session, SpecStats,
+from ..generation.plain import check_request, kept_prefix
+from ..generation.interfaces import (DrafterStats, Eval, EvalTree, GenerationResult, OnToken, Session, SpecStats,
                           Steps, drive, make_timings)
 from .policies import DRAFT_N_MAX, DraftPolicy, FixedLength, StepFeedback, check_draft_n
-from ..sampling import Rng, SamplerParams, probs_rows
+from ..generation.sampling import Rng, SamplerParams, probs_rows
 from .trace import TraceSink, step_record
 from .tree_verify import verify_tree
 from .verify import VerifyResult, verify

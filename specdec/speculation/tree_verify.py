@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sampling import Rng
+from ..generation.sampling import Rng
 from .drafters.base import DraftTree
 from .verify import PositionRecord, VerifyResult, alphas, residual, try_token
 

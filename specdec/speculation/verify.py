@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import SpecdecError
-from ..sampling import Rng
+from ..generation.sampling import Rng
 
 
 class DraftProbabilityError(SpecdecError):

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import ConfigError
-from ..request import DraftOptions, Runner
-from ..sampling import SamplerParams
+from ..api.request import DraftOptions, Runner
+from ..generation.sampling import SamplerParams
 from .law import PathRng, enumerate_outcomes
 from .synth import TinySpec, write_tiny_model
 

@@ -21,7 +21,7 @@ CI_SYNTHETIC, CI_REAL = 240, 60
 
 
 def _real_base(tmp_path):
-    from specdec import hub
+    from specdec.models import hub
     try:
         src = hub.resolve("smollm2-135m-instruct-q4_1", download=False)
     except Exception:           # not in the model cache: the synthetic files only
@@ -61,7 +61,7 @@ def test_hypothesis_header_edits(tiny_file, tmp_path_factory, data):
     either succeed or raise a one-line SpecdecError."""
     from specdec.engine.config import ModelConfig
     from specdec.engine.gguf_file import GGUFFile
-    from specdec.tokenizer import Tokenizer
+    from specdec.text.tokenizer import Tokenizer
     buf = bytearray(tiny_file.read_bytes())
     lay = scan(bytes(buf))
     fields = [8, 16] + [k.start for k in lay.kvs] + [p for k in lay.kvs for p in k.strlens] \
@@ -116,7 +116,7 @@ def specdec_load(p):
     """Load without running a kernel: the mutants picked here fail in parsing."""
     from specdec.engine.config import ModelConfig
     from specdec.engine.gguf_file import GGUFFile
-    from specdec.tokenizer import Tokenizer
+    from specdec.text.tokenizer import Tokenizer
     gf = GGUFFile(p)
     ModelConfig.from_gguf(gf)
     Tokenizer.from_metadata(gf.metadata, str(p))

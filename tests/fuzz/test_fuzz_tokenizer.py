@@ -29,7 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.engine.gguf_file import GGUFFile
-from specdec.tokenizer import Tokenizer
+from specdec.text.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.real
 MODELS = ("smollm2-135m-instruct-q4_1", "qwen2.5-coder-0.5b-instruct",
@@ -142,7 +142,7 @@ def test_round_trip_condition_is_not_vacuous():
 
 @pytest.mark.parametrize("model_id", MODELS)
 def test_agrees_with_llamacpp(model_id):
-    from specdec import llamacpp
+    from specdec.models import llamacpp
     if not llamacpp.available():
         pytest.skip("llama-cpp-python is not installed: no local llama.cpp build to compare ids with")
     from llama_cpp import Llama

@@ -35,10 +35,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.errors import SpecdecError
-from specdec.speculation.drafters.prediction import SOURCE as PREDICTED
-from specdec.speculation.policies import DRAFT_N_MAX
-from specdec.sampling import SamplerParams
+from ...errors import SpecdecError
+from ...speculation.drafters.prediction import SOURCE as PREDICTED
+from ...speculation.policies import DRAFT_N_MAX
+from ...generation.sampling import SamplerParams
 
 from .logprobs import MAX_TOP, chat_logprobs, completion_logprobs
 from .scheduler import Cancelled, Job, JobResult, QueueFull, Scheduler, ShuttingDown

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from specdec.errors import ConfigError
-from specdec.sampling import SamplerParams
+from ...errors import ConfigError
+from ...generation.sampling import SamplerParams
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -103,7 +103,7 @@ def build(a, *, load, draft_options, set_threads, log, quant=None):
         models = list(ex.map(lambda job: load(job[0], a.ctx_size, a.activations, a.mmap, q(a, job[1])), jobs))
     target, draft = models[0], (models[1] if len(models) > 1 else None)
     if draft is not None:                               # -md alone drafts with the model
-        from specdec.speculation.compat import check_compatible
+        from ...speculation.compat import check_compatible
         check_compatible(target.tokenizer, draft.tokenizer, target.name, draft.name,
                          options.retokenize)
         options = options.with_model(draft)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.sampling import SamplerParams, probs
+from ...generation.sampling import SamplerParams, probs
 
 MAX_TOP = 20            # most alternatives per token (OpenAI's limit for top_logprobs)
 

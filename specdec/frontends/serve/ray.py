@@ -22,7 +22,7 @@ import re
 import signal
 import threading
 
-from specdec.errors import ConfigError
+from ...errors import ConfigError
 
 APP_NAME = "specdec"
 DEPLOYMENT = "SpecdecServe"

@@ -28,15 +28,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from specdec.engine.model import eval_batch
-from specdec.speculation.drafters import Draft, Drafter, PredictionDrafter, PromptLookupDrafter, SuffixDrafter
-from specdec.speculation.drafters.prediction import SOURCE as PREDICTED
-from specdec.errors import ConfigError, SpecdecError
-from specdec.interfaces import Eval, EvalTree, GenerationResult, run_eval
-from specdec.speculation.policies import DraftPolicy, StepFeedback
-from specdec.request import DraftOptions, Runner
-from specdec.sampling import SamplerParams
-from specdec.tokenizer import StreamDecoder
+from ...engine.model import eval_batch
+from ...speculation.drafters import Draft, Drafter, PredictionDrafter, PromptLookupDrafter, SuffixDrafter
+from ...speculation.drafters.prediction import SOURCE as PREDICTED
+from ...errors import ConfigError, SpecdecError
+from ...generation.interfaces import Eval, EvalTree, GenerationResult, run_eval
+from ...speculation.policies import DraftPolicy, StepFeedback
+from ...api.request import DraftOptions, Runner
+from ...generation.sampling import SamplerParams
+from ...text.tokenizer import StreamDecoder
 
 from .logprobs import RowCursor, TokenLogprob, token_logprob
 from .metrics import Metrics

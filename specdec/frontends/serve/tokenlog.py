@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from specdec.speculation.trace import StepRecord
+from ...speculation.trace import StepRecord
 
 from ..report import summarize
 

@@ -30,7 +30,7 @@ Each Draft names its `source`, so statistics can be kept per drafter.
 from __future__ import annotations
 
 from ...errors import ConfigError
-from ...sampling import SamplerParams
+from ...generation.sampling import SamplerParams
 from ..compat import check_compatible
 from .base import Draft, Drafter
 from .hybrid import HybridDrafter

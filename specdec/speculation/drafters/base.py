@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...sampling import Rng
+from ...generation.sampling import Rng
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ...sampling import Rng
+from ...generation.sampling import Rng
 from .base import Draft, DraftTree, Drafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter

@@ -9,7 +9,7 @@ import bisect
 from typing import NamedTuple, Sequence
 
 from ...errors import ConfigError
-from ...sampling import Rng
+from ...generation.sampling import Rng
 from .base import Draft, DraftTree, Drafter, one_hot_rows
 
 

@@ -8,8 +8,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ...interfaces import Session
-from ...sampling import Rng, SamplerParams, probs, top_prob
+from ...generation.interfaces import Session
+from ...generation.sampling import Rng, SamplerParams, probs, top_prob
 from ..policies import check_draft_p
 from .base import Draft, DraftTree, Drafter
 

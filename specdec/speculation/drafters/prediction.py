@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 from typing import Sequence
 
-from ...sampling import Rng
+from ...generation.sampling import Rng
 from .base import Draft, DraftTree, Drafter
 
 SOURCE = "prediction"

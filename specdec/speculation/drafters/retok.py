@@ -50,9 +50,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ...interfaces import Session
-from ...sampling import Rng, top_prob
-from ...tokenizer import ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED
+from ...generation.interfaces import Session
+from ...generation.sampling import Rng, top_prob
+from ...text.tokenizer import ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED
 from ..policies import check_draft_p
 from .base import Draft, Drafter
 from .model import _common_prefix

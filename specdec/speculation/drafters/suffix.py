@@ -23,7 +23,7 @@ from typing import Hashable, NamedTuple, Sequence
 import numpy as np
 
 from ...errors import CacheFileError, ConfigError
-from ...sampling import Rng
+from ...generation.sampling import Rng
 from .base import Draft, Drafter
 from .lookup import NgramIndex, PromptLookupDrafter, check_lookup_options
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping, Sequence
 
-from .errors import ChatTemplateError, ConfigError
+from ..errors import ChatTemplateError, ConfigError
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
           "message['content'] + '<|im_end|>\\n' }}{% endfor %}"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Mapping, Sequence
 
-from .errors import TokenizerError
+from ..errors import TokenizerError
 
 ESCAPED_SPACE = "\u2581"   # llama_escape_whitespace: ' ' -> U+2581 (LOWER ONE EIGHTH BLOCK)
 

@@ -13,20 +13,21 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import hub, kernels
-from .engine.config import ModelConfig
-from .speculation.drafters import Drafter, SuffixStore
-from .errors import ConfigError, GGUFError
-from .engine import prepared, resources
-from .engine.gguf_file import GGUFFile, should_map
-from .engine.model import ModelSession, Weights
-from .engine.requant import Requant
-from .speculation.policies import DraftPolicy
+from ..models import hub
+from ..kernels import cpu
+from ..engine.config import ModelConfig
+from ..speculation.drafters import Drafter, SuffixStore
+from ..errors import ConfigError, GGUFError
+from ..engine import prepared, resources
+from ..engine.gguf_file import GGUFFile, should_map
+from ..engine.model import ModelSession, Weights
+from ..engine.requant import Requant
+from ..speculation.policies import DraftPolicy
 from .request import Completion, DraftOptions, Runner
-from .sampling import SamplerParams
-from .template import chat_prompt
-from .tokenizer import Tokenizer
-from .speculation.trace import TraceSink
+from ..generation.sampling import SamplerParams
+from ..text.template import chat_prompt
+from ..text.tokenizer import Tokenizer
+from ..speculation.trace import TraceSink
 
 DEFAULT_N_CTX = 4096
 
@@ -59,7 +60,7 @@ class Model:
     def __init__(self, path: str | os.PathLike, n_ctx: int | None = None, activations: str = "auto",
                  mmap: bool | None = None, requant: Requant | None = None):
         try:
-            kernels.cpu.check_path()                   # SPECDEC_KERNELS names a path this host has
+            cpu.check_path()                   # SPECDEC_KERNELS names a path this host has
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.path = str(path)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator, Mapping
 
-from specdec.errors import SpecdecError
+from ..errors import SpecdecError
 
 try:  # POSIX advisory locks; elsewhere the atomic rename is the only guard.
     import fcntl

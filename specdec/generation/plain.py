@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Collection, Sequence
 
-from .errors import ConfigError, ContextOverflowError
+from ..errors import ConfigError, ContextOverflowError
 from .interfaces import Eval, GenerationResult, OnToken, Session, Steps, drive, make_timings
 from .sampling import Rng, SamplerParams, sample
 

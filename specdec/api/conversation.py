@@ -18,19 +18,16 @@ from the earlier answer.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError, ContextOverflowError
-from ..request import DraftOptions, Runner
-from ..sampling import SamplerParams
-from ..template import CHATML, ROLES, chat_prompt, check_messages, render  # noqa: F401
-
-if TYPE_CHECKING:
-    from ..api import Model
-    from ..request import Completion
-    from ..speculation.trace import TraceSink
+from .model import Model
+from .request import Completion, DraftOptions, Runner
+from ..generation.sampling import SamplerParams
+from ..speculation.trace import TraceSink
+from ..text.template import CHATML, ROLES, chat_prompt, check_messages, render  # noqa: F401
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

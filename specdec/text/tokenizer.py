@@ -33,7 +33,7 @@ from tokenizers import Regex
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
-from .errors import TokenizerError
+from ..errors import TokenizerError
 from .spm import SpmModel, escape_whitespace
 
 # llama_token_attr bits (llama.h); tokenizer.ggml.token_type values map onto them (llama_token_type)

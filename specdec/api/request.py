@@ -12,22 +12,31 @@ of DraftOptions (passed on in `build`) plus one flag in cli.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
-from .speculation.drafters import (DRAFTER_NAMES, Drafter, PredictionDrafter, SuffixStore,
+from ..speculation.drafters import (DRAFTER_NAMES, Drafter, PredictionDrafter, SuffixStore,
                                    check_lookup_options, make_drafter)
-from .errors import ConfigError, ContextOverflowError
-from .kernels.cpu import verify_growth
-from .generate import plain_steps
-from .interfaces import GenerationResult, OnToken, Session, SpecStats, Steps, Timings, drive
-from .speculation.policies import (DRAFT_N_MAX, POLICY_NAMES, AdaptiveLength, DraftPolicy, FixedLength,
+from ..errors import ConfigError, ContextOverflowError
+from ..kernels.cpu import verify_growth
+from ..generation.plain import plain_steps
+from ..generation.interfaces import GenerationResult, OnToken, Session, SpecStats, Steps, Timings, drive
+from ..speculation.policies import (DRAFT_N_MAX, POLICY_NAMES, AdaptiveLength, DraftPolicy, FixedLength,
                                    Threshold, check_draft_n, check_draft_p, make_policy)
-from .sampling import NumpyRandom, SamplerParams
-from .speculation.speculative import check_tree_k, speculative_steps
-from .speculation.trace import TraceSink
+from ..generation.sampling import NumpyRandom, SamplerParams
+from ..speculation.speculative import check_tree_k, speculative_steps
+from ..speculation.trace import TraceSink
 
-if TYPE_CHECKING:
-    from .api import Model
+
+class Target(Protocol):
+    """What the request path needs of a loaded model: specdec.Model (model.py, above this
+    module) is one."""
+    tokenizer: Any          # text.tokenizer.Tokenizer
+    config: Any             # engine.config.ModelConfig
+    n_ctx: int
+
+    def session(self, n_ctx: int | None = None) -> Session: ...
+
+    def detokenize(self, ids: Sequence[int]) -> str: ...
 
 
 AUTO_N_MAX = 8          # the default draft length bound: AdaptiveLength picks 1..8 per step
@@ -177,7 +186,7 @@ class DraftOptions:
         raise ConfigError(f"draft= takes a Model, a Drafter, DraftOptions or one of "
                           f"{', '.join(DRAFTER_NAMES)}; got {type(draft).__name__}")
 
-    def build(self, target: "Model", params: SamplerParams,
+    def build(self, target: "Target", params: SamplerParams,
               n_ctx: int) -> tuple[Drafter | None, DraftPolicy | None]:
         """(drafter, policy) for requests on target; (None, None) for plain decoding."""
         if not self.enabled:
@@ -208,7 +217,7 @@ class Runner:
     ids.  A conversation keeps one Runner for all its turns; the server one per request.
     `store`: the SuffixStore its requests draft from and are remembered in (or None)."""
 
-    def __init__(self, model: "Model", params: SamplerParams, draft: DraftOptions = DraftOptions(),
+    def __init__(self, model: "Target", params: SamplerParams, draft: DraftOptions = DraftOptions(),
                  *, seed: int | None = None, ignore_eos: bool = False, n_ctx: int | None = None,
                  session: Session | None = None):
         self.model, self.params = model, params

@@ -37,7 +37,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 class SamplingConfigError(ConfigError):
