@@ -2,7 +2,7 @@
 # Unpack the llama.cpp source vendored in llama-cpp-python's sdist (default 0.3.36, the version
 # of tests/data/reference) into ${SPECDEC_CACHE:-~/.cache/specdec}/llama.cpp-src-<version> and
 # print that folder.  Its models/ggml-vocab-*.gguf with their .inp/.out cases are what
-# tests/test_vocab_files.py runs (export SPECDEC_LLAMACPP_SRC=<the folder printed>).
+# tests/text/test_vocab_files.py runs (export SPECDEC_LLAMACPP_SRC=<the folder printed>).
 # A finished unpack is reused.
 set -euo pipefail
 CACHE="${SPECDEC_CACHE:-$HOME/.cache/specdec}"

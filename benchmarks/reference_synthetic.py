@@ -1,5 +1,5 @@
 """llama.cpp's outputs on synthetic models of every architecture specdec runs: the reference
-tests/test_reference_synthetic.py compares against.
+tests/agreement/test_reference_synthetic.py compares against.
 
 Each architecture gets a small random-weight file written by specdec.testing.synth (F32 and
 Q8_0 weights; Llama 3.1 with its rope_freqs tensor), run through llama.cpp (llama-cpp-python,

@@ -25,7 +25,7 @@ SPECDEC_KERNELS chooses an instruction path by what Numba compiles for: the host
 less those of the faster paths (``NUMBA_CPU_FEATURES``; Numba's on-disk cache keys every
 function on those features, so the paths' compiled code sits side by side).  Unset: the
 fastest path the host has.  Every path computes the same numbers bit for bit
-(tests/test_kernel_paths.py runs each path the host has against the default one).
+(tests/kernels/test_paths.py runs each path the host has against the default one).
 """
 from __future__ import annotations
 

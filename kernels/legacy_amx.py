@@ -15,7 +15,7 @@ tile unit.  For a tile of 16 weight rows (n0 … n0+15) and each 32-element bloc
 
 The integers are exact, so whether ``vpdpbusd`` or the tile unit summed them cannot change a
 bit, and the float operations per (row, m) are the same sequence, in the same block order:
-out[m] is bitwise the VNNI path's, whatever M is (tests/test_amx.py).
+out[m] is bitwise the VNNI path's, whatever M is (tests/kernels/test_amx.py).
 
     w    uint8 (N, row_bytes) raw GGUF rows (N % 16 rows go through the VNNI tile)
     x    float32 (M, K), K % 32 == 0;  out float32 (M, N)

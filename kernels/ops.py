@@ -86,7 +86,7 @@ def rope_apply(x, cs, neox):
 # Waite); e^r by a degree-7 Taylor-like polynomial (minimax coefficients of the Cephes expf);
 # 2^n written as float32 bits.  Inputs are clamped to [-87, 88]: e^-87 and e^88 stand for 0
 # and +inf where they are used (silu's denominator 1 + e^-g).  silu·up stays within a few
-# float32 ulp of the float64 result (tests/test_ops.py).
+# float32 ulp of the float64 result (tests/kernels/test_ops.py).
 _LOG2E = np.float32(1.44269504088896341)
 _LN2_HI = np.float32(0.693359375)
 _LN2_LO = np.float32(-2.12194440e-4)

@@ -5,7 +5,7 @@
 
 The rounding rules are those of ggml's reference quantizers in ggml-quants.c, in float32
 arithmetic step for step, so the bytes are those gguf-py's ``gguf.quants.quantize`` writes
-(tests/test_requant.py checks it bit for bit):
+(tests/engine/test_requant.py checks it bit for bit):
 
     Q4_0  quantize_row_q4_0_ref   m = the value of largest |x| in the block (the first one),
                                   d = m / -8, u = min(15, trunc(x / d + 8.5))      w = u - 8

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 # The suite loads many files once each: no prepared-weights folders in the user's cache
-# (tests/test_prepared.py turns them on, in a folder of its own).  Subprocesses inherit it.
+# (tests/engine/test_prepared.py turns them on, in a folder of its own).  Subprocesses inherit it.
 os.environ.setdefault("SPECDEC_PREPARED", "0")
 
 from helpers import real_model_path  # noqa: E402

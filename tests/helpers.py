@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -153,3 +155,20 @@ def widen(w: np.ndarray, qt) -> np.ndarray:
 def emulate_float(w: np.ndarray, qt, x: np.ndarray) -> np.ndarray:
     """kernels/reference.float_dot of float-format weights (widened exactly)."""
     return reference.float_dot(widen(w, qt), x)
+
+
+# the CLI as a user runs it, and the one-line error contract (exit 2, no traceback)
+def cli(*args, merge=False, stdin=None, env=None, timeout=240):
+    return subprocess.run([sys.executable, "-m", "specdec.frontends.cli", *map(str, args)], input=stdin,
+                          capture_output=not merge, stdout=subprocess.PIPE if merge else None,
+                          stderr=subprocess.STDOUT if merge else None, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def one_line_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("specdec: error:")]
+    assert len(errors) == 1, r.stderr
+    for n in needles:
+        assert n in errors[0], (n, errors[0])

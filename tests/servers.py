@@ -1,4 +1,4 @@
-"""A `specdec serve` subprocess for the tests that talk HTTP to a real server (test_serve.py,
+"""A `specdec serve` subprocess for the tests that talk HTTP to a real server (frontends/serve/test_serve.py,
 fuzz/test_fuzz_requests.py), and the tiny synthetic model they serve."""
 from __future__ import annotations
 

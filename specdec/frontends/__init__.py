@@ -1,1 +1,1 @@
-"""Front-ends over the one request path (specdec.request)."""
+"""Front-ends over the one request path (specdec.api.request)."""

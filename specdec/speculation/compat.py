@@ -15,7 +15,7 @@ _SHOWN = 3                        # differing token ids quoted in the message
 def vocab_differences(target, draft) -> list[str]:
     """Every way the two tokenizers differ that would break exact speculation.
 
-    target, draft: specdec.tokenizer.Tokenizer (vocab_type, bos_id, eos_id, add_bos, add_eos,
+    target, draft: specdec.text.tokenizer.Tokenizer (vocab_type, bos_id, eos_id, add_bos, add_eos,
     tokens).  A pair llama.cpp accepts passes: a BOS or EOS id that neither side adds may
     differ (an instruct target's end of turn beside a base draft's), as there."""
     diffs = []

@@ -35,7 +35,7 @@ draft-token sequence spelling a text, which nothing here can compute.  So the dr
 drafts its argmax whatever the target's sampler is (the target's own sampling is untouched).
 
 Safe points (`last_safe_point`): byte positions where every byte-level BPE pre-tokenizer in
-specdec.tokenizer splits, seen from the three bytes around them: after a newline before a
+specdec.text.tokenizer splits, seen from the three bytes around them: after a newline before a
 non-space, or at a space between a non-space and an ASCII letter.  Nothing on either side of
 one merges across it, so encoding a text piece by piece from safe points gives the ids of
 encoding it whole (for BPE vocabularies whose special-token texts hold no such point; for
@@ -260,7 +260,7 @@ class RetokenizingDrafter(Drafter):
     re-encoded into target ids (module docstring: the steps and why the law is exact).
 
     session: the draft model's Session; draft_tokenizer / target_tokenizer: the two
-    specdec.tokenizer.Tokenizer; n_vocab: the target's vocabulary size (V of the q rows);
+    specdec.text.tokenizer.Tokenizer; n_vocab: the target's vocabulary size (V of the q rows);
     draft_p: stop drafting when the draft's top probability (plain softmax) is below it.
 
     Cache discipline: the draft session holds a prefix of the draft ids of the accepted

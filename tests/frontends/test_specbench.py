@@ -10,7 +10,7 @@ from pathlib import Path
 
 from synth import TinySpec, write_tiny_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
 

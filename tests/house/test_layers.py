@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # layer of a module (dotted name below specdec) -> rank; a module may import ranks <= its own
 LAYERS = [("kernels", 0), ("errors", 1),

@@ -370,7 +370,7 @@ def test_incremental_ids_of_the_real_vocabularies_equal_encoding_the_whole_text(
     toks = {m: Tokenizer.from_metadata(GGUFFile(real_model_path(m)).metadata, m)
             for m in ("qwen2.5-coder-1.5b-instruct-q4_k_m", "smollm2-135m-instruct-q4_1")}
     qwen, smol = toks.values()
-    records = [json.loads(line) for f in sorted((Path(__file__).parent.parent / "benchmarks" / "prompts").glob("*.jsonl"))
+    records = [json.loads(line) for f in sorted((Path(__file__).parents[2] / "benchmarks" / "prompts").glob("*.jsonl"))
                for line in f.read_text().splitlines() if line.strip()]
     prompts = [r["prompt"] if "prompt" in r else r["code"] for r in records]     # large_files: the code
     for t_tok, d_tok in ((qwen, smol), (smol, qwen)):

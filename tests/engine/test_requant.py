@@ -24,7 +24,7 @@ from specdec.kernels import get_rows, repack
 from specdec.kernels import requant as kq
 from specdec.kernels.formats import Q4_0, Q4_K, Q5_0, Q6_K, Q8_0
 from synth import TinySpec, write_tiny_model
-from test_cli import cli, one_line_error
+from helpers import cli, one_line_error
 
 T = gguf.GGMLQuantizationType
 TARGETS = (Q4_0, Q5_0, Q8_0)

@@ -14,7 +14,7 @@ import pytest
 
 from specdec.kernels import cpu
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # One process per path: the kernels compile for the path chosen at import.  It writes every
 # product of random weights (fixed seeds) to an .npz.

@@ -9,7 +9,7 @@ SHA-256 (a different writer or NumPy stream would compare other weights: skipped
 and compares:
 
 - logits: max |ours - llama.cpp| over all positions and tokens <= LOGIT_BOUND[weights].  The
-  bounds are calibrated as test_reference.py's are, from the measured gaps times ~4 (logits
+  bounds are calibrated as agreement/test_reference.py's are, from the measured gaps times ~4 (logits
   span about ±3.5): F32 files 0.0005-0.0014 (llama.cpp keeps K and V in fp16; summation
   order), Q8_0 files 0.034-0.066 (mean 0.006-0.013: both round the matmul inputs to Q8_0, a
   code here and there lands on the other side; gemma3 keeps float activations here).  A rule
@@ -29,7 +29,7 @@ import pytest
 import specdec
 from specdec.testing.synth import TinySpec, write_tiny_model
 
-DATA = Path(__file__).parent / "data" / "reference" / "synthetic.json"
+DATA = Path(__file__).parents[1] / "data" / "reference" / "synthetic.json"
 REF = json.loads(DATA.read_text()) if DATA.exists() else {"models": {}}
 LOGIT_BOUND = {"f32": 0.005, "q8_0": 0.25}
 MARGIN = 0.05

@@ -438,7 +438,7 @@ def test_trace_round_trip(tmp_path):
     r = mem.records[0]
     assert len(r.q_x) == len(r.p_x) == len(r.ratio) == len(r.alpha) == len(r.drafted)
     assert r.step == 0 and r.n_context == 2
-    doc = (Path(__file__).parent.parent / "docs" / "trace-format.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "trace-format.md").read_text()
     for name in StepRecord.__dataclass_fields__:
         assert f"`{name}`" in doc, name
 

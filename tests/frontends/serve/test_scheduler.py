@@ -17,6 +17,7 @@ from specdec.frontends.serve.scheduler import (Cancelled, DraftCaps, Job, QueueF
                                                _TextTracker)
 from specdec.api.request import DraftOptions, Runner
 from specdec.generation.sampling import SamplerParams
+from specdec.speculation.drafters import SuffixStore
 from synth import TinySpec
 
 GREEDY = SamplerParams(temperature=0.0)
@@ -269,3 +270,25 @@ def test_a_scheduler_made_with_start_false_steps_in_the_thread_that_runs_it(mode
         sch.close()
     runner.join(TIMEOUT)
     assert not runner.is_alive() and seen == {runner.ident}
+
+
+def test_requests_share_one_suffix_store(tiny_model):
+    """Requests with the same DraftOptions draft from one store: each finished request's prompt
+    and answer go into it, a plain request's too, and a repeated request drafts its answer."""
+    target = tiny_model(SPEC)
+    store = SuffixStore()
+    options = DraftOptions(kind="suffix", n=8, policy="fixed", suffix_store=store)
+    sch = Scheduler(target, n_parallel=3, n_ctx=256, draft=options)
+    try:
+        p = prompt(3, 10)
+        first = sch.submit(Job(p, 24, GREEDY, options, ignore_eos=True)).wait(60)
+        assert store.documents() == [p + first.ids]
+        jobs = [sch.submit(Job(p, 24, GREEDY, options, ignore_eos=True)) for _ in range(2)]
+        jobs.append(sch.submit(Job(prompt(4, 9), 12, GREEDY, replace(options, kind=None),
+                                   ignore_eos=True)))          # a plain request is remembered too
+        results = [j.wait(60) for j in jobs]
+    finally:
+        sch.close()
+    assert results[0].ids == results[1].ids == first.ids
+    s = results[0].gen.stats
+    assert s.n_accepted >= len(first.ids) - s.n_steps and len(store) == 4

@@ -88,7 +88,7 @@ def test_the_example_runs():
     import subprocess
     import sys
     from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         str(root / "examples" / "test_my_drafter.py")], cwd=root, capture_output=True,
                        text=True, timeout=600)

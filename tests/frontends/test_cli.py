@@ -2,17 +2,17 @@
 
 Exit codes (0 ok, 2 bad input with one line on stderr and no traceback), help texts, streaming
 order (generated text before the summary), colours, traces and their report, chat over a pipe.
-Bad flags and bad files are covered in test_bad_input.py."""
+Bad flags and bad files are covered in engine/test_bad_input.py."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
+from helpers import cli, one_line_error
 from synth import TinySpec, write_tiny_model
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'][0] | upper }}{{ m['content'] }}{% endfor %}"
@@ -29,22 +29,6 @@ def tiny(tmp_path_factory):
         "other": str(write_tiny_model(d / "other.gguf", TinySpec(n_vocab=300, seed=2))),
         "dir": d,
     }
-
-
-def cli(*args, merge=False, stdin=None, env=None, timeout=240):
-    return subprocess.run([sys.executable, "-m", "specdec.frontends.cli", *map(str, args)], input=stdin,
-                          capture_output=not merge, stdout=subprocess.PIPE if merge else None,
-                          stderr=subprocess.STDOUT if merge else None, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
-
-
-def one_line_error(r, *needles):
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    assert "Traceback" not in r.stderr
-    errors = [line for line in r.stderr.splitlines() if line.startswith("specdec: error:")]
-    assert len(errors) == 1, r.stderr
-    for n in needles:
-        assert n in errors[0], (n, errors[0])
 
 
 def test_help_reads_like_llama_cli():

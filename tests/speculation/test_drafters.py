@@ -549,7 +549,7 @@ def test_greedy_identity_on_qwen_pair_code_editing(real_model):
     adaptive policy give plain greedy's ids, and lookup finds copies to accept."""
     import json
     from pathlib import Path
-    path = Path(__file__).parent.parent / "benchmarks" / "prompts" / "code_editing.jsonl"
+    path = Path(__file__).parents[2] / "benchmarks" / "prompts" / "code_editing.jsonl"
     prompt = json.loads(path.read_text().splitlines()[0])["prompt"]
     target = real_model("qwen2.5-coder-1.5b-instruct-q4_k_m")
     draft = real_model("qwen2.5-coder-0.5b-instruct")

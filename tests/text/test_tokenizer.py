@@ -20,7 +20,7 @@ from specdec.errors import TokenizerError
 from specdec.engine.gguf_file import GGUFFile
 from specdec.text.tokenizer import StreamDecoder, Tokenizer
 
-RECORDS = [json.loads(line) for line in (Path(__file__).parent / "data" / "reference" / "llamacpp.jsonl")
+RECORDS = [json.loads(line) for line in (Path(__file__).parents[1] / "data" / "reference" / "llamacpp.jsonl")
            .read_text(encoding="utf-8").splitlines()]
 MODEL_IDS = list(dict.fromkeys(r["model"] for r in RECORDS))
 BPE_MODEL_IDS = [m for m in MODEL_IDS if not m.startswith("gemma")]

@@ -353,27 +353,3 @@ def test_chat_turns_share_the_store(tiny_model):
     assert three.stats.n_accepted >= len(one.ids) - three.stats.n_steps
     fresh = Conversation(target, draft="suffix", draft_n=8, draft_policy="fixed", ignore_eos=True)
     assert fresh.say("hello", n_predict=16).stats.n_accepted < three.stats.n_accepted
-
-
-def test_serve_requests_share_one_store(tiny_model):
-    from dataclasses import replace
-    from specdec.frontends.serve.scheduler import Job, Scheduler
-    from specdec.api.request import DraftOptions
-    from test_serve_scheduler import SPEC, prompt
-    target = tiny_model(SPEC)
-    store = SuffixStore()
-    options = DraftOptions(kind="suffix", n=8, policy="fixed", suffix_store=store)
-    sch = Scheduler(target, n_parallel=3, n_ctx=256, draft=options)
-    try:
-        p = prompt(3, 10)
-        first = sch.submit(Job(p, 24, GREEDY, options, ignore_eos=True)).wait(60)
-        assert store.documents() == [p + first.ids]
-        jobs = [sch.submit(Job(p, 24, GREEDY, options, ignore_eos=True)) for _ in range(2)]
-        jobs.append(sch.submit(Job(prompt(4, 9), 12, GREEDY, replace(options, kind=None),
-                                   ignore_eos=True)))          # a plain request is remembered too
-        results = [j.wait(60) for j in jobs]
-    finally:
-        sch.close()
-    assert results[0].ids == results[1].ids == first.ids
-    s = results[0].gen.stats
-    assert s.n_accepted >= len(first.ids) - s.n_steps and len(store) == 4

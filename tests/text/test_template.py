@@ -1,5 +1,5 @@
 """Chat templates are code from the file: rendering is sandboxed and bounded, and every
-misbehaving template is a one-line ChatTemplateError (specdec.template)."""
+misbehaving template is a one-line ChatTemplateError (specdec.text.template)."""
 from __future__ import annotations
 
 import time

@@ -1,6 +1,6 @@
 """Gemma-3: the forward pass checked against llama.cpp's rules, the end-of-turn token, the
 chat format and draft compatibility (the real model against llama.cpp's outputs: with the
-other models in test_reference.py).
+other models in agreement/test_reference.py).
 
 llama.cpp's gemma3 graph (src/models/gemma3.cpp, hparams in llama-model.cpp), which
 `reference_forward` below restates in float64:
@@ -17,7 +17,7 @@ llama.cpp's gemma3 graph (src/models/gemma3.cpp, hparams in llama-model.cpp), wh
 The norm weights are used as stored: the converter already folded Gemma's (1 + w) into them.
 
 Agreement with llama.cpp on gemma-3-270m (tests/data/reference) is checked with the bounds
-of test_reference.py (margin 0.5, mean 0.35 / max 1.0, 1%).  This model turns rounding
+of agreement/test_reference.py (margin 0.5, mean 0.35 / max 1.0, 1%).  This model turns rounding
 differences into large output differences: with every matmul input rounded to Q8_0 / Q8_K
 as llama.cpp does, Gemma's post-norms rescale tiny branch outputs (RMS down to 1e-4) to
 unit size and the roundings flip chaotically — scaling the embedding row by
@@ -209,7 +209,7 @@ GEMMA_TEMPLATE = (
 
 @pytest.mark.real
 def test_chat_template_gives_llamacpp_prompt_ids(real_model):
-    """A Gemma turn template rendered by specdec.frontends.chat (Jinja2) gives exactly the ids llama.cpp
+    """A Gemma turn template rendered by specdec.text.template (Jinja2) gives exactly the ids llama.cpp
     was fed for the reference chat prompts: one BOS, <start_of_turn> / <end_of_turn> as the
     single special tokens 105 / 106."""
     from specdec.api.conversation import chat_prompt

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec.frontends.serve.scheduler import Job, Scheduler
-from test_serve_scheduler import GREEDY, SAMPLED, SPEC, TIMEOUT, clone, draft_of, prompt, solo
+from test_scheduler import GREEDY, SAMPLED, SPEC, TIMEOUT, clone, draft_of, prompt, solo
 
 
 @pytest.fixture(scope="module")

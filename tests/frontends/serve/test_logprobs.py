@@ -13,7 +13,7 @@ import pytest
 from specdec.frontends.serve.logprobs import RowCursor, chat_logprobs, completion_logprobs, token_logprob
 from specdec.frontends.serve.scheduler import Job, Scheduler
 from specdec.generation.sampling import probs
-from test_serve_scheduler import GREEDY, SAMPLED, SPEC, TIMEOUT, clone, draft_of, others, prompt
+from test_scheduler import GREEDY, SAMPLED, SPEC, TIMEOUT, clone, draft_of, others, prompt
 
 TOP = 5
 
