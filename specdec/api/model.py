@@ -20,7 +20,8 @@ from ..speculation.drafters import Drafter, SuffixStore
 from ..errors import ConfigError, GGUFError
 from ..engine import prepared, resources
 from ..engine.gguf_file import GGUFFile, should_map
-from ..engine.model import ModelSession, Weights
+from ..engine.model import ModelSession
+from ..engine.weights import Weights
 from ..engine.requant import Requant
 from ..speculation.policies import DraftPolicy
 from .request import Completion, DraftOptions, Runner

@@ -1,5 +1,5 @@
 """The HTTP face of `specdec serve`: FastAPI routes in the OpenAI wire format over a
-`Scheduler`, pydantic request models, and errors as OpenAI error bodies.
+`Scheduler` (the request bodies and error bodies: wire.py).
 
     GET  /health                 {"status": "ok"}
     GET  /v1/models              the served model (its ids)
@@ -22,116 +22,33 @@ its accepted_prediction_tokens / rejected_prediction_tokens.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Optional, Union
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...errors import SpecdecError
 from ...speculation.drafters.prediction import SOURCE as PREDICTED
-from ...speculation.policies import DRAFT_N_MAX
 from ...generation.sampling import SamplerParams
 
 from .logprobs import MAX_TOP, chat_logprobs, completion_logprobs
 from .scheduler import Cancelled, Job, JobResult, QueueFull, Scheduler, ShuttingDown
 from .tokenlog import ExtBuffer, whole
 from .webui import add_webui, is_public
+from .wire import (ApiError, BearerAuth, ChatRequest, CommonRequest, CompletionRequest, error_body,
+                   error_response, validation_error)
 
 RETRY_AFTER_S = 1
 FINISH = {"eog": "stop", "stop": "stop", "n_predict": "length", "ctx_full": "length"}
 
 
-# -- request bodies --------------------------------------------------------------------------
-
-class _Common(BaseModel):
-    """Fields both endpoints take; unknown fields are ignored (OpenAI clients send many)."""
-    model_config = ConfigDict(extra="ignore")
-    model: Optional[str] = None
-    max_tokens: Optional[int] = Field(None, ge=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
-    n_predict: Optional[int] = Field(None, ge=-1)          # llama-server's name (-1: unlimited)
-    temperature: Optional[float] = Field(None, ge=0.0)
-    top_p: Optional[float] = Field(None, ge=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=0)
-    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
-    seed: Optional[int] = Field(None, ge=-1)               # -1: a random seed, as llama-server
-    stop: Optional[Union[str, list[str]]] = None
-    stream: bool = False
-    stream_options: Optional[dict[str, Any]] = None
-    n: int = Field(1, ge=1, le=1)
-    ignore_eos: bool = False
-    draft: Optional[Literal["model", "prompt-lookup", "hybrid", "suffix", "none"]] = None
-    draft_n: Optional[int] = Field(None, ge=1, le=DRAFT_N_MAX)
-    logprobs: Optional[Union[bool, int]] = None            # completions: N; chat: true
-    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP)   # chat's N
-    n_probs: Optional[int] = Field(None, ge=0, le=MAX_TOP)        # llama-server's N
-    post_sampling_probs: bool = False                      # llama-server: the sampler's p
-    prediction: Optional[Union[Prediction, str]] = None    # predicted output (a bare string too)
-    specdec: Optional[SpecdecOptions] = None               # opt-in extension data (tokenlog.py)
-
-
-class SpecdecOptions(BaseModel):
-    """`specdec: {"tokens": true}`: each token's kind and each step's trace record (tokenlog.py)."""
-    model_config = ConfigDict(extra="forbid")
-    tokens: bool = False
-
-
-class _Part(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: str = "text"
-    text: str = ""
-
-
-class Prediction(BaseModel):
-    """OpenAI's predicted output: {"type": "content", "content": text or [text parts]}."""
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["content"]
-    content: Union[str, list[_Part]]
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(
-            p.text for p in self.content if p.type == "text")
-
-
-class CompletionRequest(_Common):
-    prompt: Union[str, list[int], list[str]]
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Union[str, list[_Part], None] = None
-
-
-class ChatRequest(_Common):
-    messages: list[Message] = Field(min_length=1)
-
-
-# -- errors ----------------------------------------------------------------------------------
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.headers = headers
-
-
-def error_body(message: str, type_: str = "invalid_request_error", param=None, code=None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def _error_response(e: ApiError) -> JSONResponse:
-    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status,
-                        headers=e.headers)
 
 
 # -- the app ---------------------------------------------------------------------------------
@@ -155,24 +72,24 @@ def _add_error_handlers(app: FastAPI) -> None:
     """Every error as OpenAI's error body with its 4xx / 5xx status, never a traceback."""
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
-        return _error_response(e)
+        return error_response(e)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, e: RequestValidationError):
-        return _error_response(_validation_error(e.errors()))
+        return error_response(validation_error(e.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, e: StarletteHTTPException):
         type_ = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return _error_response(ApiError(e.status_code, str(e.detail), type_))
+        return error_response(ApiError(e.status_code, str(e.detail), type_))
 
     @app.exception_handler(SpecdecError)
     async def _specdec(request, e: SpecdecError):
-        return _error_response(ApiError(400, str(e)))
+        return error_response(ApiError(400, str(e)))
 
     @app.exception_handler(Exception)
     async def _internal(request, e: Exception):
-        return _error_response(ApiError(500, f"internal error: {type(e).__name__}", "server_error"))
+        return error_response(ApiError(500, f"internal error: {type(e).__name__}", "server_error"))
 
 
 def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
@@ -238,7 +155,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
     return app
 
 
-def _job(scheduler: Scheduler, config: ServeConfig, body: _Common, ids: list[int], chat: bool) -> Job:
+def _job(scheduler: Scheduler, config: ServeConfig, body: CommonRequest, ids: list[int], chat: bool) -> Job:
     """The scheduler's Job of a request body: its model, prompt, sampling, drafting and limits
     checked (an ApiError naming the field otherwise)."""
     if body.model is not None and body.model not in config.model_ids:
@@ -285,7 +202,7 @@ def _job(scheduler: Scheduler, config: ServeConfig, body: _Common, ids: list[int
                post_sampling=body.post_sampling_probs,
                tokens=bool(body.specdec and body.specdec.tokens))
 
-async def _serve(scheduler: Scheduler, config: ServeConfig, body: _Common, ids: list[int],
+async def _serve(scheduler: Scheduler, config: ServeConfig, body: CommonRequest, ids: list[int],
                  request: Request, chat: bool):
     """Submit the request's job and answer: a stream of chunks, or the whole response once done
     (cancelled when the client goes away)."""
@@ -324,7 +241,7 @@ async def _serve(scheduler: Scheduler, config: ServeConfig, body: _Common, ids: 
             job.cancel()
 
 
-def _n_top(body: _Common, chat: bool) -> int | None:
+def _n_top(body: CommonRequest, chat: bool) -> int | None:
     """Alternatives per token the request asks for (None: no logprobs): completions'
     `logprobs: N`, chat's `logprobs: true` with `top_logprobs: N`, or llama-server's `n_probs`."""
     lp = body.logprobs
@@ -338,33 +255,6 @@ def _n_top(body: _Common, chat: bool) -> int | None:
     if not 0 <= n <= MAX_TOP:
         raise ApiError(400, f"logprobs: must be in 0..{MAX_TOP}, got {n}", param="logprobs")
     return n
-
-
-class BearerAuth:
-    """ASGI middleware: every route but /health (and the `public` ones: the chat page's files)
-    requires `Authorization: Bearer KEY` with one of `keys` (each compared in constant time,
-    all of them every time); else a 401 with OpenAI's error body."""
-
-    def __init__(self, app, keys: tuple[str, ...], public=lambda path: False):
-        self.app, self.keys, self.public = app, tuple(k.encode() for k in keys), public
-
-    def authorized(self, header: bytes) -> bool:
-        scheme, _, token = header.partition(b" ")
-        ok = False
-        for k in self.keys:
-            ok |= hmac.compare_digest(token.strip(), k)
-        return ok and scheme.lower() == b"bearer"
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] != "/health" and not self.public(scope["path"]):
-            header = dict(scope.get("headers") or ()).get(b"authorization", b"")
-            if not self.authorized(header):
-                msg = ("missing API key: send 'Authorization: Bearer KEY'" if not header else
-                       "incorrect API key provided")
-                response = _error_response(ApiError(401, msg, code="invalid_api_key",
-                                                    headers={"WWW-Authenticate": "Bearer"}))
-                return await response(scope, receive, send)
-        return await self.app(scope, receive, send)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -401,16 +291,7 @@ async def _parse(request: Request, cls: type[BaseModel], config: ServeConfig) ->
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise _validation_error(e.errors()) from None
-
-
-def _validation_error(errs) -> ApiError:
-    first = errs[0] if errs else {}
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    if first.get("type") == "json_invalid":
-        return ApiError(400, "the request body is not valid JSON")
-    param = ".".join(loc) or None
-    return ApiError(400, f"{param or 'body'}: {first.get('msg', 'invalid')}", param=param)
+        raise validation_error(e.errors()) from None
 
 
 def _as_api_error(e: Exception) -> ApiError:

@@ -89,7 +89,8 @@ def build(a, *, load, draft_options, set_threads, log, quant=None):
     except ImportError as e:             # the optional server stack is not installed
         raise ConfigError(f"specdec serve needs {e.name or 'FastAPI and uvicorn'}: "
                           f"pip install 'specdec[serve]'") from None
-    from .scheduler import DraftCaps, Scheduler
+    from .load import DraftCaps
+    from .scheduler import Scheduler
     keys = check_flags(a)
     params = SamplerParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)
     options = draft_options(a)

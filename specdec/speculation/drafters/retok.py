@@ -52,7 +52,7 @@ import numpy as np
 
 from ...generation.interfaces import Session
 from ...generation.sampling import Rng, top_prob
-from ...text.tokenizer import ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED
+from ...text.vocab import ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED
 from ..policies import check_draft_p
 from .base import Draft, Drafter
 from .model import _common_prefix

@@ -13,8 +13,8 @@ from specdec.errors import ConfigError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec.frontends.serve.scheduler import (Cancelled, DraftCaps, Job, QueueFull, Scheduler,
-                                               _TextTracker)
+from specdec.frontends.serve.load import DraftCaps
+from specdec.frontends.serve.scheduler import Cancelled, Job, QueueFull, Scheduler, _TextTracker
 from specdec.api.request import DraftOptions, Runner
 from specdec.generation.sampling import SamplerParams
 from specdec.speculation.drafters import SuffixStore

@@ -1,0 +1,195 @@
+"""The weights: zero-copy views of the GGUF file's tensors, one frozen record per layer.
+
+`Weights.load` reads every tensor the forward pass needs (and refuses, by name, any it does
+not read); a matmul weight is a `Linear`, the raw quantized rows as the kernels read them
+(repacked at load or requantized where asked, else the file's own bytes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from ..kernels import GET_ROWS, SUPPORTED_TYPES, matmul, repack
+from .config import ModelConfig
+from ..errors import ConfigError, GGUFError, UnsupportedModelError
+from .gguf_file import GGUFFile
+from .prepared import Prepared
+from .requant import Requant, convert, narrows
+
+
+@dataclass(frozen=True)
+class Linear:
+    """y = x · Wᵀ (+ b).   w: raw rows (N, ·) of the file, or with the file in memory the same
+    bytes repacked by kernels.repack (legacy: 8-row records; K-quants: the lane order of
+    kquants_repack; qtype then a repack.REPACKED id); n_in = K, n_out = N."""
+    name: str
+    w: np.ndarray
+    qtype: int
+    n_in: int
+    n_out: int
+    bias: np.ndarray | None = None     # (N,) float32
+    float_act: bool = False            # keep activations in float32 (kernels/float_act.py)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        y = matmul(self.w, self.qtype, x, float_act=self.float_act)   # (M, K) -> (M, N)
+        if self.bias is not None:
+            y += self.bias
+        return y
+
+
+@dataclass(frozen=True)
+class Layer:
+    attn_norm: np.ndarray            # (D,)
+    wq: Linear | None                # (D) -> (H * Dh)     (None: fused in wqkv)
+    wk: Linear | None                # (D) -> (Hkv * Dh)
+    wv: Linear | None                # (D) -> (Hkv * Dh)
+    wo: Linear                       # (H * Dh) -> (D)
+    ffn_norm: np.ndarray             # (D,)
+    w_gate: Linear | None            # (D) -> (F)          (None: phi3's w_up holds it)
+    w_up: Linear                     # (D) -> (F), phi3: (D) -> (2F) = [gate | up]
+    w_down: Linear                   # (F) -> (D)
+    q_norm: np.ndarray | None = None          # (Dh,)  gemma3, qwen3
+    k_norm: np.ndarray | None = None          # (Dh,)  gemma3, qwen3
+    post_attn_norm: np.ndarray | None = None  # (D,)   gemma3
+    post_ffn_norm: np.ndarray | None = None   # (D,)   gemma3
+    wqkv: Linear | None = None                # (D) -> ((H + 2 Hkv) * Dh): attn_qkv (phi3)
+
+
+@dataclass(frozen=True)
+class Weights:
+    tok_embd: np.ndarray             # raw rows (V, ·)
+    tok_embd_type: int
+    layers: tuple[Layer, ...]
+    out_norm: np.ndarray             # (D,)
+    output: Linear                   # (D) -> (V); the embedding table when tied
+    rope_freqs: np.ndarray | None = None   # (rope_dim/2,) Llama 3.1+ frequency divisors
+
+    @classmethod
+    def from_gguf(cls, gf: GGUFFile, cfg: ModelConfig, activations: str = "auto",
+                  requant: Requant | None = None, prepared: Prepared | None = None,
+                  record: Prepared | None = None) -> "Weights":
+        """activations: "q8" rounds each matmul's input to 8 bits per block as llama.cpp does
+        (faster); "float" keeps the layers' activations in float32 (the output head always
+        rounds); "auto" is "float" for gemma3, whose post-norms make the rounding chaotic
+        (kernels/float_act.py), and "q8" otherwise.
+        requant: convert the layers' matmul weights and/or the output head into a narrower
+        format in process memory (engine/requant.py); the embedding lookup table stays.
+        prepared: what an earlier load prepared (engine/prepared.py; gf reads its image when
+        it has one): used as it is; record: filled with what this load prepares."""
+        if activations not in ("auto", "q8", "float"):
+            raise ConfigError(f"activations must be 'auto', 'q8' or 'float', not {activations!r}")
+        float_act = activations == "float" or (activations == "auto" and cfg.arch == "gemma3")
+        D, H, Hkv, Dh, F, V = cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_ff, cfg.n_vocab
+
+        seen: set[str] = set()                                  # every tensor the engine reads
+
+        def vec(name, n):
+            seen.add(name)
+            t = _info(gf, name, (n,))
+            if t.ggml_type != GGMLQuantizationType.F32:
+                raise UnsupportedModelError(f"{gf.path}: tensor {name!r} is {t.type_name}, expected F32")
+            return gf.tensor(name)
+
+        def opt_vec(name, n):
+            return vec(name, n) if name in gf.tensors else None
+
+        def lin(name, n_in, n_out, bias=False, exact=False, table=False, head=False):
+            seen.add(name)
+            t = _info(gf, name, (n_in, n_out))
+            if t.ggml_type not in SUPPORTED_TYPES:
+                raise UnsupportedModelError(
+                    f"{gf.path}: tensor {name!r} has unsupported type {t.type_name}")
+            b = opt_vec(name.replace(".weight", ".bias"), n_out) if bias else None
+            key = name + ("#head" if table and head else "")
+            if prepared is not None and key in prepared.extra:
+                qtype, w = prepared.extra[key]
+                return Linear(name, w, qtype, n_in, n_out, b, exact)
+            if prepared is not None and prepared.image is not None and name in prepared.rewritten:
+                return Linear(name, gf.tensor(name), prepared.rewritten[name], n_in, n_out, b, exact)
+            w, qtype = _prepare(gf, name, t.ggml_type, n_in, n_out, requant, exact, table, head)
+            if record is not None and qtype != t.ggml_type:
+                if np.shares_memory(w, gf.tensor(name)):
+                    record.rewritten[name] = qtype
+                else:
+                    record.extra[key] = (qtype, w)
+            return Linear(name, w, qtype, n_in, n_out, b, exact)
+
+        layers = []
+        for i in range(cfg.n_layer):
+            p = f"blk.{i}."
+            gemma, qk_norm = cfg.arch == "gemma3", cfg.arch in ("gemma3", "qwen3")
+            fused_qkv, fused_ffn = p + "attn_qkv.weight" in gf.tensors, cfg.arch == "phi3"
+            biases = cfg.arch in ("llama", "mistral3")   # optional wo / ffn biases (llama.cpp's llama)
+            qkv = ((None,) * 3 if fused_qkv else
+                   tuple(lin(p + f"attn_{n}.weight", D, size, bias=True, exact=float_act)
+                         for n, size in (("q", H * Dh), ("k", Hkv * Dh), ("v", Hkv * Dh))))
+            layers.append(Layer(
+                attn_norm=vec(p + "attn_norm.weight", D),
+                wq=qkv[0], wk=qkv[1], wv=qkv[2],
+                wo=lin(p + "attn_output.weight", H * Dh, D, bias=biases, exact=float_act),
+                ffn_norm=vec(p + "ffn_norm.weight", D),
+                w_gate=None if fused_ffn else lin(p + "ffn_gate.weight", D, F, bias=biases, exact=float_act),
+                w_up=lin(p + "ffn_up.weight", D, 2 * F if fused_ffn else F, bias=biases, exact=float_act),
+                w_down=lin(p + "ffn_down.weight", F, D, bias=biases, exact=float_act),
+                q_norm=vec(p + "attn_q_norm.weight", Dh) if qk_norm else None,
+                k_norm=vec(p + "attn_k_norm.weight", Dh) if qk_norm else None,
+                post_attn_norm=vec(p + "post_attention_norm.weight", D) if gemma else None,
+                post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if gemma else None,
+                wqkv=lin(p + "attn_qkv.weight", D, (H + 2 * Hkv) * Dh, bias=True, exact=float_act)
+                if fused_qkv else None,
+            ))
+        emb = lin("token_embd.weight", D, V, table=True)             # also read by row lookup
+        if "output.weight" in gf.tensors:
+            output = lin("output.weight", D, V, head=True)
+        elif requant is not None and narrows(gf.tensors["token_embd.weight"].ggml_type, requant.head):
+            output = lin("token_embd.weight", D, V, table=True, head=True)  # its own copy
+        else:
+            output = emb
+        out_norm = vec("output_norm.weight", D)
+        rope_freqs = opt_vec("rope_freqs.weight", cfg.rope_dim // 2) if cfg.arch == "llama" else None
+        _refuse_unread(gf, seen)
+        return cls(emb.w, emb.qtype, tuple(layers), out_norm, output, rope_freqs)
+
+
+def _prepare(gf: GGUFFile, name: str, stored: int, n_in: int, n_out: int, requant: Requant | None,
+             exact: bool, table: bool, head: bool):
+    """(w, qtype) of a matmul weight as the kernels read it: requantized into a new array,
+    repacked in place in an in-memory file, or the stored view as it is."""
+    w, qtype = gf.tensor(name), stored
+    dst = None if requant is None or (table and not head) else requant.target_for(name)
+    if narrows(qtype, dst) and n_in % 32 == 0:     # (Q4_0 / Q5_0 / Q8_0 blocks of 32)
+        # a new array in process memory: repacked below like an in-memory file's
+        w, qtype = convert(w, qtype, dst, n_in), dst
+        if not exact and repack.can_repack(qtype, n_out):
+            w, qtype = repack.repack(w, qtype), repack.REPACKED[qtype]
+    elif (gf.in_memory and not exact and repack.can_repack(qtype, n_out)
+          and (not table or (repack.REPACKED[qtype] in GET_ROWS
+                             and not narrows(qtype, requant and requant.head)))):
+        # weights in process memory: rewrite in place (legacy: one stream per 8 rows;
+        # K-quants: codes in the kernels' lane order, a table too unless a requantized
+        # head is to be made from its stored bytes)
+        w = gf.rewrite(name, lambda v: repack.repack(v, stored, in_place=True))
+        qtype = repack.REPACKED[stored]
+    return w, qtype
+
+
+def _refuse_unread(gf: GGUFFile, seen: set[str]) -> None:
+    """A tensor the engine does not read changes the computation in a way it does not
+    implement (a bias, a norm, rope factors of another architecture, experts): refused, by
+    name, rather than silently left out."""
+    unread = sorted(set(gf.tensors) - seen)
+    if unread:
+        more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
+        raise UnsupportedModelError(f"{gf.path}: tensor {unread[0]!r}{more} is not used by specdec's "
+                                    f"{gf.get('general.architecture')} forward pass")
+
+
+def _info(gf: GGUFFile, name: str, dims: tuple[int, ...]):
+    t = gf.tensors.get(name)
+    if t is None:
+        raise GGUFError(f"{gf.path}: missing tensor {name!r}")
+    if t.dims != dims:
+        raise GGUFError(f"{gf.path}: tensor {name!r} has shape {list(t.dims)}, expected {list(dims)}")
+    return t
