@@ -40,6 +40,8 @@ from numba import njit, prange
 
 import specdec
 import specdec.engine.model as model_mod
+import specdec.engine.weights as weights_mod
+from specdec.kernels import cpu
 from specdec.models import llamacpp
 from specdec.frontends.bench import llamacpp_forward_ms
 from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, machine_info, warm_up, write_json
@@ -86,21 +88,10 @@ def matmul_values(model) -> int:
     return total
 
 
-def clock_ghz() -> float:
-    """The first CPU's clock from /proc/cpuinfo (cpu MHz), 0 when unknown."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("cpu MHz"):
-                return float(line.split(":")[1]) / 1e3
-    except OSError:
-        pass
-    return 0.0
-
-
 def peak_fraction(model, curve_ms: dict, path: str) -> dict:
     """M -> the fraction of the path's int8 peak the pass of M rows reached."""
     import numba
-    peak = numba.get_num_threads() * clock_ghz() * 1e9 * PEAK_MAC_PER_CYCLE.get(path, 8)
+    peak = numba.get_num_threads() * cpu.host().mhz * 1e6 * PEAK_MAC_PER_CYCLE.get(path, 8)
     macs = matmul_values(model)
     return {m: round(int(m) * macs / (v / 1e3) / peak, 4) if peak else None for m, v in curve_ms.items()}
 
@@ -132,8 +123,9 @@ def profile_decode(model, n_steps: int = 48) -> dict:
         return wrapper
 
     patched = []
-    for obj, names in ((model_mod, ("attention", "rms_norm", "rms_norm_heads", "rope_apply", "rope_cos_sin", "swiglu", "geglu")),
-                       (model_mod.kernels, ("matmul", "get_rows"))):
+    for obj, names in ((model_mod, ("attention", "rms_norm", "rms_norm_heads", "rope_apply", "rope_cos_sin",
+                                    "swiglu", "geglu", "get_rows")),
+                       (weights_mod, ("matmul",))):            # Linear.__call__'s matmul
         for n in names:
             if hasattr(obj, n):
                 patched.append((obj, n, getattr(obj, n)))

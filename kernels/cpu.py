@@ -12,7 +12,7 @@ VEX-only AVX-VNNI.  On a Zen 3 host the portable widen-and-multiply code LLVM ma
 dot products ran decode at 0.18-0.35x llama.cpp's native build; the AVX2 path 0.6-1.0x
 (docs/architecture.md, "The kernels on each CPU").
 
-    host() -> CpuInfo        vendor, model name, family/model/stepping, flags (first CPU)
+    host() -> CpuInfo        vendor, model name, family/model/stepping, flags, clock (first CPU)
     kernel_paths() -> dict   the path each kernel family compiles to on this host
     describe() -> dict       both, as the benchmarks record them
     verify_growth() -> float what one more verification row costs, as a fraction of a
@@ -57,6 +57,7 @@ class CpuInfo:
     model: int | None
     stepping: int | None
     flags: tuple[str, ...]      # /proc/cpuinfo flags of the first CPU
+    mhz: float = 0.0            # its clock as /proc/cpuinfo reports it ('cpu MHz'; 0: unknown)
 
     @property
     def simd(self) -> tuple[str, ...]:
@@ -86,14 +87,14 @@ def parse_cpuinfo(text: str) -> CpuInfo:
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
 
-    def num(key: str) -> int | None:
+    def num(key: str, kind=int):
         try:
-            return int(fields[key])
+            return kind(fields[key])
         except (KeyError, ValueError):
             return None
     return CpuInfo(vendor=fields.get("vendor_id", "unknown"), model_name=fields.get("model name", "unknown"),
                    family=num("cpu family"), model=num("model"), stepping=num("stepping"),
-                   flags=tuple(fields.get("flags", "").split()))
+                   flags=tuple(fields.get("flags", "").split()), mhz=num("cpu MHz", float) or 0.0)
 
 
 def host(path: str = "/proc/cpuinfo") -> CpuInfo:

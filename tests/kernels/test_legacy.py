@@ -28,16 +28,6 @@ def dequant(w: np.ndarray, qt) -> np.ndarray:
     return w.astype(np.float32) if qt == T.F16 else gguf.quants.dequantize(w, qt)
 
 
-def parse_blocks(w: np.ndarray, qt):
-    """kernels/reference.legacy_parts: (codes int64 (n, nb, 32), d, m float32 (n, nb))."""
-    return reference.legacy_parts(int(qt), w)
-
-
-def emulate_quant(w: np.ndarray, qt, x: np.ndarray) -> np.ndarray:
-    """kernels/reference.legacy_dot: the documented float32 sequence, in numpy."""
-    return reference.legacy_dot(int(qt), w, x)
-
-
 def matmul(w, qt, x) -> np.ndarray:
     out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
     legacy.MATMUL[int(qt)](w, np.ascontiguousarray(x, np.float32), out)
@@ -65,7 +55,7 @@ def error_bound(w: np.ndarray, qt, x: np.ndarray) -> np.ndarray:
         return (k // 32 + 38) * U * (ax @ np.abs(widen(w, qt)).astype(np.float64).T)
     nb = k // 32
     d = ax.reshape(x.shape[0], nb, 32).max(-1) / 127                      # (M, nb)
-    codes, dw, mw = parse_blocks(w, qt)
+    codes, dw, mw = reference.legacy_parts(int(qt), w)
     if mw is None:
         wabs = np.abs(codes * dw[..., None].astype(np.float64))            # (N, nb, 32)
         act = 0.57 * np.einsum("mb,nbj->mn", d, wabs)
@@ -122,7 +112,7 @@ def test_q8_0_activation_bytes_match_gguf(seed, m, nb, log_scale, ties):
 @given(problems())
 def test_matmul_matches_documented_float_sequence_bitwise(problem):
     qt, w, x, _ = problem
-    want = emulate_float(w, qt, x) if qt in FLOATS else emulate_quant(w, qt, x)
+    want = emulate_float(w, qt, x) if qt in FLOATS else reference.legacy_dot(int(qt), w, x)
     assert np.array_equal(matmul(w, qt, x).view(np.uint32), want.view(np.uint32))
 
 
@@ -159,7 +149,7 @@ def test_rows_independent_across_activation_chunks(qt):
     full = matmul(w, qt, x)
     for i in (0, legacy.M_CHUNK - 1, legacy.M_CHUNK, m - 1):
         assert np.array_equal(full[i], matmul(w, qt, x[i:i + 1])[0])
-    assert np.array_equal(full, emulate_quant(w, qt, x))
+    assert np.array_equal(full, reference.legacy_dot(int(qt), w, x))
 
 
 @pytest.mark.parametrize("qt, rows", [(T.Q5_0, 16), (T.Q5_0, legacy_ir.DECODE_ROWS), (T.Q4_1, 16)])

@@ -1,6 +1,6 @@
 """SPECDEC_KERNELS: every instruction path this host can run gives the default path's numbers
 bit for bit (every weight format, GGUF and repacked layouts, q8 and float activations,
-M = 1..20), and a path the host lacks, or no path at all, is a one-line error."""
+M = 1, 2, 5, 9, 17, 20, 33, 64), and a path the host lacks, or no path at all, is a one-line error."""
 from __future__ import annotations
 
 import json
@@ -34,7 +34,7 @@ for qt in sorted(kernels.SUPPORTED_TYPES):
         continue                                      # F32, F16, BF16: no integer path
     T = gguf.GGMLQuantizationType(qt)
     w = random_weights(rng, T, 40, 2) if T in F16_FIELDS else make_weights(T, 40, 512, rng, raw=False)
-    for m in (1, 2, 5, 9, 17, 20):
+    for m in (1, 2, 5, 9, 17, 20, 33, 64):
         x = rng.standard_normal((m, 512)).astype(np.float32)
         for fa in (False, True):
             out[f"{qt}-{m}-{int(fa)}"] = kernels.matmul(w, qt, x, float_act=fa)
