@@ -17,10 +17,13 @@ unless --mmap; every kernel path is warmed before any timing.
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 from pathlib import Path
 
 import specdec
+import specdec.api.request as request_mod
 from specdec.api.request import AUTO_DRAFT_QUANT
+from specdec.kernels.cpu import verify_growth
 from common import QWEN_DRAFT, QWEN_TARGET, load_prompts, machine_info, timed_configs, warm_up, write_json
 
 README_PROMPTS = ("Write a quicksort in Python.",
@@ -29,7 +32,34 @@ CONFIGS = {                     # DRAFT: the draft as `specdec run -md` loads it
     "plain": {},
     "defaults": {"draft": "DRAFT"},                  # layers requantized (--draft-quant's default)
     "llama.cpp flags": {"draft": "DRAFT", "draft_n": 5, "draft_p": 0.9},   # as stored
+    # the defaults with another verify-cost prior (--growth-prior: e.g. the one-row-relative
+    # growth per extra row verify_curve.py measured on this host) in place of cpu.verify_growth()
+    "defaults, prior": {"draft": "DRAFT"},
 }
+PRIOR_CONFIG = "defaults, prior"
+
+
+@contextmanager
+def growth_prior(value: float):
+    """The request path's verify-cost prior patched to `value` for the duration (benchmark only)."""
+    saved = request_mod.verify_growth
+    request_mod.verify_growth = lambda: value
+    try:
+        yield
+    finally:
+        request_mod.verify_growth = saved
+
+
+def timed_rows(target, ids, n_predict: int, kws: dict, prior: float | None) -> dict:
+    """timed_configs, with PRIOR_CONFIG run under growth_prior(prior)."""
+    rows = timed_configs(target, ids, n_predict, {k: v for k, v in kws.items() if k != PRIOR_CONFIG})
+    if PRIOR_CONFIG in kws:
+        with growth_prior(prior):
+            c = timed_configs(target, ids, n_predict, {PRIOR_CONFIG: kws[PRIOR_CONFIG]})[PRIOR_CONFIG]
+        if "plain" in rows:
+            c.update(speedup=round(rows["plain"]["wall_s"] / c["wall_s"], 3), same_ids=c["ids"] == rows["plain"]["ids"])
+        rows[PRIOR_CONFIG] = c
+    return rows
 
 
 def prompts(target, sets: list[str], limit: int | None) -> list[dict]:
@@ -59,8 +89,12 @@ def main(argv=None) -> None:
     ap.add_argument("--draft-quant", default=AUTO_DRAFT_QUANT,
                     help=f"the defaults' draft layers requantized at load, as `specdec run -md` does "
                          f"with no length flag (default {AUTO_DRAFT_QUANT}; none: as stored)")
+    ap.add_argument("--growth-prior", type=float, default=None,
+                    help=f"the verify-cost prior of the '{PRIOR_CONFIG}' config (default: not run)")
     ap.add_argument("--out", default="bench-results")
     a = ap.parse_args(argv)
+    if a.growth_prior is None:
+        a.configs = [c for c in a.configs if c != PRIOR_CONFIG]
     mmap = True if a.mmap else None
     target = specdec.load(QWEN_TARGET, n_ctx=2048, mmap=mmap)
     draft = specdec.load(QWEN_DRAFT, n_ctx=2048, mmap=mmap)                  # as stored
@@ -73,10 +107,10 @@ def main(argv=None) -> None:
     runs = []
     for r in rows:
         ids = target.tokenize(r["prompt"])
-        kws = {name: {k: ((auto_draft if name == "defaults" else draft) if v == "DRAFT" else v)
+        kws = {name: {k: ((auto_draft if name.startswith("defaults") else draft) if v == "DRAFT" else v)
                       for k, v in CONFIGS[name].items()} for name in a.configs}
         row = {"id": r["id"], "kind": r["kind"], "n_prompt": len(ids),
-               "configs": timed_configs(target, ids, a.n_predict, kws)}
+               "configs": timed_rows(target, ids, a.n_predict, kws, a.growth_prior)}
         print(f"{r['id']:24s} " + "  ".join(
             f"{n} {c['wall_tok_s']:.1f} tok/s" + (f" ({c['speedup']:.2f}x)" if "speedup" in c else "")
             for n, c in row["configs"].items()), flush=True)
@@ -97,7 +131,8 @@ def main(argv=None) -> None:
         for c in r["configs"].values():
             c.pop("ids")
     result = {"machine": machine_info(), "target": QWEN_TARGET, "draft": QWEN_DRAFT,
-              "defaults_draft_quant": quant, "n_predict": a.n_predict, "warm_up_s": round(warm_s, 2),
+              "defaults_draft_quant": quant, "n_predict": a.n_predict, "verify_growth": verify_growth(),
+              "growth_prior": a.growth_prior, "warm_up_s": round(warm_s, 2),
               "load": "mapped" if a.mmap else ("in memory" if target.gguf.in_memory else "mapped"),
               "configs": {k: {kk: ("draft model" if vv == "DRAFT" else vv) for kk, vv in v.items()}
                           for k, v in CONFIGS.items() if k in a.configs},

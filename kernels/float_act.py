@@ -27,7 +27,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from . import kquants_dequant as dq
-from .arrays import frozen
+from .checks import frozen
 from .dequant_ir import MATMUL_DOT, MAX_FUSED_M
 from .formats import FORMATS, KQUANTS, LEGACY, Q3_K
 from .legacy import dot_f32

@@ -146,7 +146,7 @@ def _repack_blocks(src, dst, bb, q5, q6, n_chunks):
                 dst[o + j] = obuf[j]
 
 
-def can_repack(qtype: int) -> bool:
+def repackable(qtype: int) -> bool:
     return qtype in REPACKED
 
 

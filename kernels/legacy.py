@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import cpu, legacy_amx
-from .arrays import check_activations, frozen
+from .checks import check_activations, frozen
 from .formats import F16, F32, FLOATS, FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .legacy_ir import DECODE_ROWS, TILE, TILE_Q5_0_DECODE, TILE_ROWS, dot32_lanes
 from .q8_act import QK8, half_bits_to_f32, q8_rows

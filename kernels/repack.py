@@ -39,7 +39,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from . import kquants, kquants_repack, legacy
-from .arrays import check_activations, frozen
+from .checks import check_activations, frozen
 from .formats import FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .ir import (F16, I1, I32, I64, V8F32, V8I32, V32I8, have_vnni256, join, load_at, prefetch,
                  vector_type)
@@ -53,7 +53,7 @@ M_CHUNK = 32                     # activation rows per pass over a record (as le
 
 
 def can_repack(qtype: int, n_rows: int) -> bool:
-    return kquants_repack.can_repack(qtype) or (qtype in LEGACY and n_rows % 8 == 0)
+    return kquants_repack.repackable(qtype) or (qtype in LEGACY and n_rows % 8 == 0)
 
 
 def repack(w: np.ndarray, qtype: int, in_place: bool = False) -> np.ndarray:
@@ -61,7 +61,7 @@ def repack(w: np.ndarray, qtype: int, in_place: bool = False) -> np.ndarray:
     (module docstring): stream t (records (t, 0 .. nb-1)) in rows 8t .. 8t+7; a K-quant's
     blocks in the lane order of kquants_repack.py (in_place: into w itself, K-quants only;
     the records of the others are always a new array)."""
-    if kquants_repack.can_repack(qtype):
+    if kquants_repack.repackable(qtype):
         return kquants_repack.repack(w, qtype, in_place)
     fmt = FORMATS[qtype]
     bb, qh_at, qs_at, mins = fmt.type_size, fmt.qh_offset, fmt.qs_offset, fmt.has_min
@@ -140,7 +140,7 @@ def _unpack_rows(w, out, rows, nb, bb, qh_at, qs_at, mins, q8):
 
 def unpack_rows(w: np.ndarray, qtype: int, rows: np.ndarray) -> np.ndarray:
     """Rows ``rows`` (int64) of a repacked tensor w -> their GGUF bytes (len(rows), row_bytes)."""
-    if kquants_repack.can_repack(qtype):
+    if kquants_repack.repackable(qtype):
         return kquants_repack.unpack(w[rows], qtype)
     fmt = FORMATS[qtype]
     out = np.empty((len(rows), w.shape[1]), np.uint8)

@@ -2,7 +2,7 @@
 
     spec = Requant.of("q4_0", "q4_0")      # layer matmuls, output head; None: as stored
     spec.target_for(name)                  # the ggml type tensor `name` becomes, or None
-    convert(w, src, dst, k)                # kernels.requant.requantize when dst is narrower
+    convert(w, src, dst, k)                # kernels.quantize.requantize when dst is narrower
 
 What it converts: the matmul weights of the layers (attention q/k/v/o, FFN gate/up/down)
 with `layers`, the output head (output.weight, or the embedding table when the model ties
@@ -10,7 +10,7 @@ them) with `head`.  The embedding table as a lookup table is never converted (on
 per token).  A tensor is converted only when the new format has fewer bits per weight than
 the stored one (Q8_0 8.5, Q6_K 6.56, Q5_0 5.5, Q4_K / Q4_0 4.5): requantizing never widens,
 and never re-rounds a tensor into a format of its own width.  Requantizing goes through
-float32 (kernels/requant.py, ggml's reference rounding rules), in process memory; the file
+float32 (kernels/quantize.py, ggml's reference rounding rules), in process memory; the file
 is not written.
 
 Exactness: a requantized draft model is another draft model; the draft's q is whatever its
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
-from ..kernels import requant as kq
+from ..kernels import quantize as kq
 from ..kernels.formats import FORMATS, Q4_0, Q5_0, Q8_0
 
 TYPES = {"q4_0": Q4_0, "q5_0": Q5_0, "q8_0": Q8_0}      # name -> ggml type id

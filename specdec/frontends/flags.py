@@ -213,6 +213,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client may take to send its body; a slower one gets 408 and "
                         "its connection is closed (default: 30)")
+    g.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                   help="after Ctrl-C / SIGTERM, seconds the running requests get to finish; the "
+                        "ones still running then get 503 with Retry-After (default: 30)")
     g.add_argument("--prefill-chunk", type=int, default=256, metavar="N",
                    help="while other requests decode, evaluate a long prompt N rows per step "
                         "(0: whole prompts at once; default: 256)")

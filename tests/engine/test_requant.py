@@ -1,4 +1,4 @@
-"""Requantization at load (kernels/requant.py, engine/requant.py, load(requant=, requant_head=)).
+"""Requantization at load (kernels/quantize.py, engine/requant.py, load(requant=, requant_head=)).
 
 - quantize() writes the bytes gguf-py's reference quantizers write (ggml's rounding rules),
   bit for bit, and requantize() is dequantize-then-quantize;
@@ -21,7 +21,7 @@ import specdec
 from specdec.engine.requant import Requant, bits_per_weight, narrows, parse_type
 from specdec.errors import ConfigError
 from specdec.kernels import get_rows, repack
-from specdec.kernels import requant as kq
+from specdec.kernels import quantize as kq
 from specdec.kernels.formats import Q4_0, Q4_K, Q5_0, Q6_K, Q8_0
 from synth import TinySpec, write_tiny_model
 from helpers import cli, one_line_error

@@ -413,7 +413,7 @@ def test_pull_real_smollm2_offline(home):
     assert path.stat().st_size == src.size
     with open(path, "rb") as fh:
         assert fh.read(4) == b"GGUF"
-    hub.verify(path, src)
+    hub.check_file(path, src)
     assert _leftovers(home) == []
 
 
@@ -483,15 +483,15 @@ def test_verify(tmp_path):
     src = _make_source(chunks)
     f = tmp_path / "m.gguf"
     f.write_bytes(b"".join(chunks))
-    hub.verify(f, src)
+    hub.check_file(f, src)
     f.write_bytes(b"".join(chunks)[:-1] + b"\x00")
     with pytest.raises(ChecksumError, match="sha256 mismatch"):
-        hub.verify(f, src)
+        hub.check_file(f, src)
     f.write_bytes(b"short")
     with pytest.raises(ChecksumError, match="size mismatch"):
-        hub.verify(f, src)
+        hub.check_file(f, src)
     with pytest.raises(ChecksumError, match="cannot read"):
-        hub.verify(tmp_path / "absent", src)
+        hub.check_file(tmp_path / "absent", src)
 
 
 # --------------------------------------------------------------------------- progress

@@ -46,6 +46,7 @@ from .wire import (ApiError, BearerAuth, ChatRequest, CommonRequest, CompletionR
                    error_response, validation_error)
 
 RETRY_AFTER_S = 1
+DRAIN_GRACE_S = 5       # after the drain deadline's 503s, uvicorn's own shutdown deadline
 FINISH = {"eog": "stop", "stop": "stop", "n_predict": "length", "ctx_full": "length"}
 
 
@@ -416,13 +417,16 @@ class _Shape:
                 "choices": [choice], "usage": _usage(r), "timings": timings(r)}
 
 
-def run_server(app: FastAPI, host: str, port: int, log=print, scheduler: Scheduler | None = None) -> int:
+def run_server(app: FastAPI, host: str, port: int, log=print, scheduler: Scheduler | None = None,
+               drain_s: float = 30.0) -> int:
     """Serve until Ctrl-C / SIGTERM, then drain (uvicorn waits for open requests, the app's
     shutdown for the scheduler) and return 0.
 
     scheduler: one made with start=False, stepped here in the calling (main) thread while
     uvicorn serves from a thread of its own (Scheduler's docstring says why); the signals
-    are caught here and handed to uvicorn."""
+    are caught here and handed to uvicorn.  drain_s: the running requests get this long to
+    finish; then the scheduler cancels them, and each gets a 503 with OpenAI's error body and
+    Retry-After (uvicorn, given a few seconds more, would otherwise drop them with a bare 500)."""
     import signal
     import threading
 
@@ -439,7 +443,7 @@ def run_server(app: FastAPI, host: str, port: int, log=print, scheduler: Schedul
             self._captured_signals.clear()          # a drained shutdown is a clean exit
 
     server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                    timeout_graceful_shutdown=30))
+                                    timeout_graceful_shutdown=drain_s + DRAIN_GRACE_S))
     if scheduler is None:
         server.run()
         return 0 if server.started else 1
@@ -451,6 +455,11 @@ def run_server(app: FastAPI, host: str, port: int, log=print, scheduler: Schedul
 
     def on_signal(sig, frame):                  # drain now: queued requests get 503 at once
         scheduler.drain()
+        if not server.should_exit:              # the first signal starts the drain deadline
+            deadline = threading.Timer(drain_s, scheduler.cancel_all,
+                                       ("the server shut down before the request finished: retry it",))
+            deadline.daemon = True
+            deadline.start()
         server.handle_exit(sig, frame)
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -63,7 +63,7 @@ def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
     helpers = dict(load=load, draft_options=draft_options, set_threads=set_threads, log=log, quant=quant)
     app, scheduler = build(a, **helpers)
     from .app import run_server
-    return run_server(app, a.host, a.port, log=log, scheduler=scheduler)
+    return run_server(app, a.host, a.port, log=log, scheduler=scheduler, drain_s=a.drain_timeout)
 
 
 def check_flags(a) -> tuple[str, ...]:
@@ -77,6 +77,8 @@ def check_flags(a) -> tuple[str, ...]:
         raise ConfigError("--ctx-size and --threads must be >= 0")
     if a.max_body < 1 or (a.max_tokens_limit is not None and a.max_tokens_limit < 1) or not a.body_timeout > 0:
         raise ConfigError("--max-body, --max-tokens-limit and --body-timeout must be > 0")
+    if not a.drain_timeout >= 0:
+        raise ConfigError(f"--drain-timeout must be >= 0 seconds, got {a.drain_timeout}")
     return api_keys(a.api_key, a.api_key_file, os.environ.get("SPECDEC_API_KEY"))
 
 

@@ -92,9 +92,13 @@ class Job:
     _lp_sent: int = 0                       # token_logprobs already sent as an event
     _delta: list[str] = field(default_factory=list)    # text of this step, not yet sent
     tokenlog: TokenLog | None = None        # with `tokens`: each token's kind, each step's record
+    cancel_reason: str | None = None        # the Cancelled error's message (Job.cancel)
 
-    def cancel(self) -> None:
-        """Ask the scheduler to stop this request and free its slot at its next step."""
+    def cancel(self, reason: str | None = None) -> None:
+        """Ask the scheduler to stop this request and free its slot at its next step; it then
+        fails with Cancelled(reason) (None: 'the request was cancelled')."""
+        if reason is not None and not self.cancelled.is_set():
+            self.cancel_reason = reason
         self.cancelled.set()
 
     def wait(self, timeout: float | None = None) -> "JobResult":
@@ -261,6 +265,15 @@ class Scheduler:
             job.error = Cancelled("the server is shutting down: retry the request")
             self._emit(job, "error", job.error)
             job.finished.set()
+
+    def cancel_all(self, reason: str) -> None:
+        """Cancel every queued and running request; each fails with Cancelled(reason) at the
+        next step (a draining server's deadline: HTTP 503 with Retry-After, not a dropped
+        connection)."""
+        with self._cv:
+            for j in [*self.queue, *(a.job for a in self.active)]:
+                j.cancel(reason)
+            self._cv.notify()
 
     def close(self, timeout: float = 60.0) -> None:
         """drain(), let the active requests finish (up to timeout seconds; the rest are
@@ -433,7 +446,7 @@ class Scheduler:
             self._emit(job, "done", job.result)
         else:
             self.metrics.request_done(status)
-            job.error = err if err is not None else Cancelled("the request was cancelled")
+            job.error = err if err is not None else Cancelled(job.cancel_reason or "the request was cancelled")
             self._emit(job, "error", job.error)
         job.finished.set()
 

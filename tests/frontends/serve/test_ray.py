@@ -146,7 +146,8 @@ class Cluster:
         self.pids: set[int] = set()
         self.metrics_port = free_port()             # the node's Prometheus export (Ray's metrics)
         ctx = ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-                       _metrics_export_port=self.metrics_port, namespace="specdec-test")
+                       _metrics_export_port=self.metrics_port, namespace="specdec-test",
+                       log_to_driver=False)        # the replicas' logs stay in the session folder
         self.session_dir = ctx.address_info.get("session_dir")
         serve.start(http_options={"host": "127.0.0.1", "port": self.port})
         a = build_parser().parse_args(["serve", "-m", str(real_model_path(MODEL)), *FLAGS,
