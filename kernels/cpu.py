@@ -172,11 +172,10 @@ def describe() -> dict:
             "cpu_simd": list(c.simd), "cpu_flags": list(c.flags), "kernel_paths": kernel_paths()}
 
 
-# What an extra verification row costs, relative to a one-row pass, per instruction path
-# (benchmarks/verify_curve.py, Qwen-1.5B and -0.5B, 2 cores): with 512-bit vpdpbusd the
-# passes are memory bound and rows nearly free (Intel Xeon: M = 8 at ~2.0x, the speculation
-# policy's old fixed prior 0.05 was tuned there); with AVX2 every row adds 0.35-0.37 of a
-# pass (AMD EPYC Zen 3, repacked K-quants: M = 8 at 3.6x, M = 2 at 1.35x).
+# The verify-cost prior: what an extra verification row costs relative to a one-row pass, per
+# instruction path, until AdaptiveLength's fit measures it (docs/speculative.md, "Defaults":
+# AVX2's is the slope measured on AMD Zen 3; VNNI's drafted as well as the slope measured on
+# the Intel host, within the noise of one run).
 VERIFY_GROWTH = {"vnni512": 0.05, "avx2": 0.35, "portable": 1.0}
 
 
