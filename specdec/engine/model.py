@@ -26,6 +26,8 @@ from ..generation.interfaces import Session
 from .kv_cache import KVCache
 from .weights import Layer, Linear, Weights
 
+UBATCH = 256       # rows per pass of a long prompt (docs/architecture.md, "Tuned constants")
+
 
 def _qkv(L: Layer, h: np.ndarray, H: int, Hkv: int, Dh: int):
     """q (M, H, Dh), k, v (M, Hkv, Dh) from the normed input h (M, D): three matmuls, or one
@@ -63,8 +65,18 @@ def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, st
     """tokens (M,) at positions start_pos.. -> logits (M, V), or (1, V) for the last row only;
     head: an output layer to use instead of w.output (Session's n_logits: its first rows).
 
-    Writes the new keys/values into `cache` at start_pos..start_pos+M-1 and sets n_past."""
-    return _forward(cfg, w, [Item(cache, tokens, start_pos, last_only)], head)[0]
+    Writes the new keys/values into `cache` at start_pos..start_pos+M-1 and sets n_past.
+    A prompt of more than UBATCH rows goes through in passes of UBATCH rows (each row's
+    logits are the same bits in any pass: only the activations' working set changes)."""
+    if len(tokens) <= UBATCH:
+        return _forward(cfg, w, [Item(cache, tokens, start_pos, last_only)], head)[0]
+    parts = []
+    for i in range(0, len(tokens), UBATCH):
+        chunk = tokens[i:i + UBATCH]
+        out = _forward(cfg, w, [Item(cache, chunk, start_pos + i, last_only)], head)[0]
+        if not last_only or i + UBATCH >= len(tokens):
+            parts.append(out)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def forward_batch(cfg: ModelConfig, weights: Weights, items, head: Linear | None = None) -> list[np.ndarray]:
@@ -74,8 +86,15 @@ def forward_batch(cfg: ModelConfig, weights: Weights, items, head: Linear | None
 
     Every Linear runs once over all ΣM_i rows (the weights are read once per step), RoPE,
     the KV store and attention per item over its own cache; every kernel is row-independent,
-    so each item's logits and cache contents are bitwise those of `forward` on it alone."""
-    return _forward(cfg, weights, [Item(c, t, c.n_past, lo) for c, t, lo in items], head)
+    so each item's logits and cache contents are bitwise those of `forward` on it alone.  An
+    item of more than UBATCH rows (a whole prompt) passes its leading rows alone first, in
+    `forward`'s passes, and joins the batch with its last UBATCH."""
+    items = [(c, np.asarray(t), lo) for c, t, lo in items]
+    leads = [forward(cfg, weights, c, t[:len(t) - UBATCH], c.n_past, lo, head) if len(t) > UBATCH else None
+             for c, t, lo in items]
+    outs = _forward(cfg, weights, [Item(c, t[-UBATCH:], c.n_past, lo) for c, t, lo in items], head)
+    return [o if lead is None or lo else np.concatenate([lead, o])
+            for (_, _, lo), lead, o in zip(items, leads, outs)]
 
 
 def forward_tree(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray,
@@ -256,6 +275,7 @@ class ModelSession(Session):
     def _trim(self, logits: np.ndarray) -> np.ndarray:
         """(M, n_rows) -> (M, n_logits): the head's rows past n_logits (a record's tail)."""
         return logits if logits.shape[1] == self.n_logits else np.ascontiguousarray(logits[:, :self.n_logits])
+
     def eval_tree(self, tokens, parents) -> np.ndarray:
         """Evaluate a token tree after the cached context in one pass: tokens (T,), parents
         (T,) with parents[i] = -1 (a root: it follows the context) or an earlier node.

@@ -106,6 +106,34 @@ def test_last_only_mixed_in_one_batch(load, case):
     check()
 
 
+@pytest.mark.parametrize("case", [CASES[1], CASES[5], CASES[7]], ids=case_id)
+def test_long_prompts_in_passes_change_no_bit(load, case, monkeypatch):
+    """A prompt of more than model.UBATCH rows goes through in passes (forward), and a batch
+    item of more than UBATCH rows passes its leading rows first (forward_batch): the logits
+    and the caches are bitwise those of one pass over all the rows."""
+    from specdec.engine import model as model_mod
+    spec = case[0]
+    m = load(*case)
+    rng = np.random.default_rng(0)
+    short, long_, one = (rng.integers(0, spec.n_vocab, n).tolist() for n in (7, 20, 1))
+
+    def run():
+        out = []
+        for lo in (False, True):
+            s = m.session(N_CTX)
+            out.append((s.eval(long_, last_only=lo), s.cache.k.copy(), s.cache.v.copy()))
+        a, b, c = m.session(N_CTX), m.session(N_CTX), m.session(N_CTX)
+        b.eval(short)
+        got = eval_batch([a, b, c], [long_, one, long_], [False, True, True])
+        return out + [(g, s.cache.k.copy(), s.cache.v.copy()) for g, s in zip(got, (a, b, c))]
+    whole = run()
+    monkeypatch.setattr(model_mod, "UBATCH", 3)
+    passes = run()
+    for (x, kx, vx), (y, ky, vy) in zip(whole, passes):
+        assert x.shape == y.shape and np.array_equal(x.view(np.uint32), y.view(np.uint32))
+        assert np.array_equal(kx, ky) and np.array_equal(vx, vy)
+
+
 def test_n_logits_head_in_a_batch(load):
     """Sessions computing the logits of the first ids only (--draft-vocab) batch the same way."""
     m = load(*CASES[1])
