@@ -26,7 +26,7 @@ from ..generation.interfaces import Session
 from .kv_cache import KVCache
 from .weights import Layer, Linear, Weights
 
-UBATCH = 256       # rows per pass of a long prompt (docs/architecture.md, "Tuned constants")
+UBATCH = 128       # rows per pass of a long prompt (docs/architecture.md, "Tuned constants")
 
 
 def _qkv(L: Layer, h: np.ndarray, H: int, Hkv: int, Dh: int):
