@@ -68,6 +68,12 @@ class Server:
                 out[k] = float(v)
         return out
 
+    def wait_busy(self, n: int = 1, timeout: float = 20.0) -> None:
+        """Until /metrics shows at least n busy slots (or timeout seconds have passed)."""
+        deadline = time.monotonic() + timeout
+        while self.metrics()["specdec_slots_busy"] < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()

@@ -266,13 +266,14 @@ class Scheduler:
             self._emit(job, "error", job.error)
             job.finished.set()
 
-    def cancel_all(self, reason: str) -> None:
+    def cancel_all(self, reason: str | None = None, stop: bool = False) -> None:
         """Cancel every queued and running request; each fails with Cancelled(reason) at the
         next step (a draining server's deadline: HTTP 503 with Retry-After, not a dropped
-        connection)."""
+        connection).  stop: the scheduler's loop ends once they are gone (close)."""
         with self._cv:
             for j in [*self.queue, *(a.job for a in self.active)]:
                 j.cancel(reason)
+            self._stopped = self._stopped or stop
             self._cv.notify()
 
     def close(self, timeout: float = 60.0) -> None:
@@ -285,11 +286,7 @@ class Scheduler:
                 if not self.queue and not self.active:
                     break
             time.sleep(0.01)
-        with self._cv:
-            for j in [*self.queue, *(a.job for a in self.active)]:
-                j.cancel()
-            self._stopped = True
-            self._cv.notify()
+        self.cancel_all(stop=True)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 

@@ -301,9 +301,7 @@ def test_full_queue_answers_503_and_sigterm_drains(model_files, tmp_path):
             got["text"] = complete(s, "abc", 2000)[0]             # busy for seconds
         t = threading.Thread(target=long)
         t.start()
-        deadline = time.monotonic() + 20
-        while s.metrics()["specdec_slots_busy"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        s.wait_busy()
         r = s.post("/v1/completions", {"prompt": "ab", "max_tokens": 2})
         assert r.status_code == 503 and r.headers["Retry-After"] and "error" in r.json()
         with pytest.raises(openai.APIStatusError) as e:
@@ -331,9 +329,7 @@ def test_requests_past_the_drain_deadline_get_503_with_the_error_body(model_file
                                                   "temperature": 0})
         t = threading.Thread(target=long)
         t.start()
-        deadline = time.monotonic() + 20
-        while s.metrics()["specdec_slots_busy"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        s.wait_busy()
         s.proc.send_signal(signal.SIGTERM)
         t.join(60)
         assert s.proc.wait(60) == 0
