@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads
 
+from . import cpu, kquants_amx
 from . import kquants_dequant as dq
 from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
 from .kquants_ir import MATMUL_Q8K
@@ -51,6 +52,9 @@ def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: n
     _check_weights(qtype, w, k)
     if out.shape != (m, w.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, w.shape[0])}")
+    if m >= kquants_amx.MIN_M.get(qtype, m + 1) and cpu.tiles():
+        kquants_amx.matmul(qtype, w, xq, xd, xbs, out, drivers is not MATMUL_Q8K, drivers)  # the same bits
+        return
     n_chunks = max(1, min(get_num_threads(), w.shape[0]))   # one contiguous chunk per thread
     drivers[qtype](w, xq, xd, xbs, out, n_chunks)
 

@@ -1,0 +1,264 @@
+"""AMX matmul for the K-quants (Q2_K … Q6_K): many activation rows per tile.
+
+The same numbers as kquants_ir, bit for bit: the integer dot of every scale group of 16
+values is done by the tile unit, and the float operations per (activation row m, weight row
+n, group g, super-block b) are kquants_ir's, in its order:
+
+    acc[g] = fma(float(dot[g]), scd[g] · dx, acc[g]);   acc[g] = fma(bias[g], bsd[g], acc[g])
+    out    = the 16 lanes g folded pairwise: (g, g+8), (g, g+4), (g, g+2), (g, g+1)
+
+Each group keeps its own sum, so a tile product may only run over one group's 16 values:
+``tdpbusd`` with K = 16 (A: 16 weight rows × 16 unsigned codes, B: the group's 16 Q8_K
+codes of 16 activation rows in the VNNI order, C[n][m] = dot[g]).  Per tile of 16 weight
+rows (under prange), in order:
+
+1. every super-block b of the 16 rows decoded once by kquants_ir's decoders (either layout):
+   the codes group by group (row r, group g at ubuf[b, r, 16g …], the 16 values in the
+   lane-major order of q8k.py), scd and bias per (r, g);
+2. for two tiles of 16 activation rows at a time, b ascending, the 16 groups on the tiles
+   (C stored per group), then the float update with lane = activation row m: C row r is
+   dot[g] of weight row r for the 16 rows m;
+3. the fold of the 16 groups' accumulators into out[m, n].
+
+Integer dots are exact, each (m, n, g) sees the same float operations in the same order, and
+the fold is the same sum, so out[m] is bitwise kquants_ir's for any M
+(tests/kernels/test_kquants_amx.py).
+
+    w    uint8 (N, row_bytes): GGUF or kquants_repack rows (N mod 16 rows: the VNNI drivers)
+    xq, xd, xbs  the Q8_K activations of q8k.py;  out float32 (M, N)
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import get_num_threads, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import amx
+from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
+from .ir import F32, I64, V16F32, V16I32, fma_v16f32, have_f16c, load_at, shuffle2, splat, store_at
+from .kquants_ir import DECODERS, REPACKED_DECODERS
+
+ROWS = 16                       # weight rows per tile (the 16 rows of A and C)
+M_TILE = 16                     # activation rows per B tile (the 16 int32 columns of C)
+# With SPECDEC_KERNELS=amx (cpu.tiles()), passes of at least MIN_M rows take the tiles
+# (benchmarks/amx_rows.py; docs/architecture.md, "AMX tiles").
+MIN_M = {qt: 16 for qt in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}
+BLOCK_U = ROWS * QK_K           # bytes of one super-block's codes for a tile (4096)
+BLOCK_S = 2 * ROWS * 16         # floats of its scd and bias (512)
+CONFIG = amx.tile_config({0: (16, 64), 4: (16, 64),     # C: 16 weight rows x 16 int32
+                          1: (16, 16),                  # A: 16 weight rows x one group's codes
+                          2: (4, 64), 3: (4, 64)})      # B: 4 rows of 16 activation rows x 4 codes
+
+
+def _groups_major(builder, u):
+    """kquants_ir's V_k (lane g = values 16g+4k … 16g+4k+3) -> four vectors W_j holding the
+    groups 4j … 4j+3, each group's four dwords k = 0 … 3 adjacent (lane 4q + k = V_k[4j + q])."""
+    lo01 = shuffle2(builder, u[0], u[1], [i // 2 + 16 * (i % 2) for i in range(16)])
+    hi01 = shuffle2(builder, u[0], u[1], [8 + i // 2 + 16 * (i % 2) for i in range(16)])
+    lo23 = shuffle2(builder, u[2], u[3], [i // 2 + 16 * (i % 2) for i in range(16)])
+    hi23 = shuffle2(builder, u[2], u[3], [8 + i // 2 + 16 * (i % 2) for i in range(16)])
+    out = []
+    for a, c in ((lo01, lo23), (hi01, hi23)):
+        for half in (0, 8):                 # pairs (V0, V1)[q] sit at lanes 2q, 2q + 1
+            idx = [2 * (half // 2 + i // 4) + i % 2 + (16 if i % 4 >= 2 else 0) for i in range(16)]
+            out.append(shuffle2(builder, a, c, idx))
+    return out
+
+
+def _make_decode(qtype: int, repacked: bool):
+    """decode(w, row0, rs, b, ubuf, u_off, sbuf, s_off): super-block b of the 16 rows at byte
+    row0 + r·rs into ubuf[u_off + 256 r …] (groups major, see _groups_major) and
+    sbuf[s_off + 16 r + g] = scd, sbuf[s_off + 256 + 16 r + g] = bias."""
+    decoder = (REPACKED_DECODERS if repacked else DECODERS)[qtype]
+    block_bytes, f16c = FORMATS[qtype].type_size, have_f16c()
+
+    @intrinsic
+    def decode(typingctx, w, row0, rs, b, ubuf, u_off, sbuf, s_off):
+        sig = types.void(w, row0, rs, b, ubuf, u_off, sbuf, s_off)
+
+        def codegen(context, builder, signature, args):
+            def data(i):
+                return context.make_array(signature.args[i])(context, builder, args[i]).data
+            row0_, rs_, b_, uo, so = (context.cast(builder, args[i], signature.args[i], types.int64)
+                                      for i in (1, 2, 3, 5, 7))
+            blk = builder.add(row0_, builder.mul(b_, I64(block_bytes)))
+            ub = builder.bitcast(data(4), V16I32.element.as_pointer())
+            for r in range(ROWS):
+                p = builder.gep(data(0), [builder.add(blk, builder.mul(rs_, I64(r)))])
+                dec = decoder(builder, p, f16c)
+                for j, v in enumerate(_groups_major(builder, dec.u)):
+                    store_at(builder, v, ub, builder.add(builder.sdiv(uo, I64(4)), I64(64 * r + 16 * j)))
+                store_at(builder, dec.scd, data(6), builder.add(so, I64(16 * r)), 4)
+                store_at(builder, dec.bias, data(6), builder.add(so, I64(256 + 16 * r)), 4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return decode
+
+
+@intrinsic
+def _update(typingctx, acc, a_off, cbuf, c_off, sbuf, s_off, dx, dx_off, bsd, bsd_off):
+    """Step 2's float update of one super-block for 16 activation rows (lanes): for g, r,
+        acc[a_off + 256 g + 16 r] = fma(float(C_g[r]), scd[r, g] · dx, ·)
+        then                      = fma(bias[r, g], bsd[g], ·)
+    C_g at cbuf[c_off + 256 g …] (int32 16 x 16); dx = dx[dx_off …], bsd[g] = bsd[bsd_off + 16 g …]
+    (float32 16 lanes each; see _x_tiles)."""
+    sig = types.void(acc, a_off, cbuf, c_off, sbuf, s_off, dx, dx_off, bsd, bsd_off)
+
+    def codegen(context, builder, signature, args):
+        def data(i):
+            return context.make_array(signature.args[i])(context, builder, args[i]).data
+        ao, co, so, xo, bo = (context.cast(builder, args[i], signature.args[i], types.int64)
+                              for i in (1, 3, 5, 7, 9))
+        dxv = load_at(builder, data(6), xo, V16F32, 4)
+        for g in range(16):
+            bsd = load_at(builder, data(8), builder.add(bo, I64(16 * g)), V16F32, 4)
+            for r in range(ROWS):
+                at = builder.add(ao, I64(256 * g + 16 * r))
+                dot = builder.sitofp(load_at(builder, data(2), builder.add(co, I64(256 * g + 16 * r)), V16I32, 4), V16F32)
+                scd = splat(builder, load_at(builder, data(4), builder.add(so, I64(16 * r + g)), F32, 4), 16)
+                bias = splat(builder, load_at(builder, data(4), builder.add(so, I64(256 + 16 * r + g)), F32, 4), 16)
+                a = fma_v16f32(builder, dot, builder.fmul(scd, dxv), load_at(builder, data(0), at, V16F32, 4))
+                store_at(builder, fma_v16f32(builder, bias, bsd, a), data(0), at, 4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _fold(typingctx, acc, a_off, res):
+    """res[16 r + lane] = the groups of acc[a_off + 256 g + 16 r + lane] folded as kquants_ir's
+    _lane_sum folds its lanes: (g, g+8), (g, g+4), (g, g+2), (g, g+1)."""
+    sig = types.void(acc, a_off, res)
+
+    def codegen(context, builder, signature, args):
+        def data(i):
+            return context.make_array(signature.args[i])(context, builder, args[i]).data
+        ao = context.cast(builder, args[1], signature.args[1], types.int64)
+        for r in range(ROWS):
+            v = [load_at(builder, data(0), builder.add(ao, I64(256 * g + 16 * r)), V16F32, 4) for g in range(16)]
+            for half in (8, 4, 2, 1):
+                v = [builder.fadd(v[g], v[g + half]) for g in range(half)]
+            store_at(builder, v[0], data(2), I64(16 * r), 4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# tmm1: A (16 weight rows x 16 codes), tmm2, tmm3: B (two tiles of 16 activation rows), tmm0, tmm4: C
+_DOT2 = ("tileloadd ($0,$1,1), %tmm1\n\ttileloadd ($2,$3,1), %tmm2\n\ttileloadd ($4,$5,1), %tmm3\n\t"
+         "tilezero %tmm0\n\ttilezero %tmm4\n\ttdpbusd %tmm2, %tmm1, %tmm0\n\ttdpbusd %tmm3, %tmm1, %tmm4\n\t"
+         "tilestored %tmm0, ($6,$7,1)\n\ttilestored %tmm4, ($8,$9,1)")
+_DOT1 = ("tileloadd ($0,$1,1), %tmm1\n\ttileloadd ($2,$3,1), %tmm2\n\ttilezero %tmm0\n\t"
+         "tdpbusd %tmm2, %tmm1, %tmm0\n\ttilestored %tmm0, ($4,$5,1)")
+
+
+@intrinsic
+def _dot2(typingctx, a, a_off, a_stride, b, b_off, b_stride, b2, b2_off, b2_stride,
+          c, c_off, c_stride, c2, c2_off, c2_stride):
+    """C = A · B and C2 = A · B2 (tdpbusd: unsigned A, signed B), stored at c, c2 (offsets
+    and strides in bytes)."""
+    sig = types.void(a, a_off, a_stride, b, b_off, b_stride, b2, b2_off, b2_stride,
+                     c, c_off, c_stride, c2, c2_off, c2_stride)
+    return sig, amx._tile_codegen(_DOT2, 5)
+
+
+@intrinsic
+def _dot1(typingctx, a, a_off, a_stride, b, b_off, b_stride, c, c_off, c_stride):
+    """C = A · B (tdpbusd), stored at c."""
+    return types.void(a, a_off, a_stride, b, b_off, b_stride, c, c_off, c_stride), amx._tile_codegen(_DOT1, 3)
+
+
+@njit(cache=True, nogil=True)
+def _x_tiles(xq, xd, xbs, mp):
+    """The Q8_K activations as the tiles read them, mp (M rounded up to 16) rows, zero past M:
+    xb int8 (nb, 16 g, mp/16, 4 k, 16 m, 4): B of group g for activation tile t at
+    256 (16 (b·16 + g) … ) — row k of B = codes 4k … 4k+3 of group g of the 16 rows;
+    dx float32 (nb, mp); bsd float32 (nb, mp/16, 16 g, 16 m)."""
+    nb, m_rows = xd.shape
+    nt = mp // M_TILE
+    xb = np.zeros(nb * 16 * nt * 256, np.int8)
+    dx = np.zeros((nb, mp), np.float32)
+    bsd = np.zeros((nb, nt, 16, M_TILE), np.float32)
+    xb32, xq32 = xb.view(np.int32), xq.reshape(-1).view(np.int32)
+    for b in range(nb):
+        for m in range(m_rows):
+            dx[b, m] = xd[b, m]
+            src = (b * m_rows + m) * 64
+            for g in range(16):
+                bsd[b, m // M_TILE, g, m % M_TILE] = xbs[b, m, g]
+                dst = ((b * 16 + g) * nt + m // M_TILE) * 64 + m % M_TILE
+                for k in range(4):                  # lane-major: dword 16k + g of the row
+                    xb32[dst + 16 * k] = xq32[src + 16 * k + g]
+    return xb, dx, bsd
+
+
+def _make_driver(decode):
+    @njit(cache=True, nogil=True, parallel=True)
+    def driver(cfg, w, xb, dx, bsd, m_rows, out, n_chunks):
+        """Tiles of 16 weight rows under prange, one contiguous run of tiles per thread."""
+        n, rs = w.shape
+        nb, mp = dx.shape
+        nt = mp // M_TILE
+        n_tiles = n // ROWS
+        dxf, bsdf = dx.reshape(-1), bsd.reshape(-1)
+        for c in prange(n_chunks):
+            amx.load_config(cfg)                    # per thread: a worker starts with none
+            ubuf = np.empty(nb * BLOCK_U, np.uint8)
+            sbuf = np.empty(nb * BLOCK_S, np.float32)
+            cbuf = np.empty(2 * 16 * 256, np.int32)
+            acc = np.empty(2 * 4096, np.float32)
+            res = np.empty(256, np.float32)
+            for t in range(c * n_tiles // n_chunks, (c + 1) * n_tiles // n_chunks):
+                n0 = t * ROWS
+                for b in range(nb):
+                    decode(w, n0 * rs, rs, b, ubuf, b * BLOCK_U, sbuf, b * BLOCK_S)
+                for mt in range(0, nt, 2):
+                    two = mt + 1 < nt
+                    acc[:] = 0.0
+                    for b in range(nb):
+                        for g in range(16):
+                            xo = ((b * 16 + g) * nt + mt) * 256
+                            if two:
+                                _dot2(ubuf, b * BLOCK_U + 16 * g, 256, xb, xo, 64, xb, xo + 256, 64,
+                                      cbuf, 1024 * g, 64, cbuf, 4 * 4096 + 1024 * g, 64)
+                            else:
+                                _dot1(ubuf, b * BLOCK_U + 16 * g, 256, xb, xo, 64, cbuf, 1024 * g, 64)
+                        for j in range(2 if two else 1):
+                            _update(acc, 4096 * j, cbuf, 4096 * j, sbuf, b * BLOCK_S,
+                                    dxf, b * mp + (mt + j) * M_TILE, bsdf, (b * nt + mt + j) * 256)
+                    for j in range(2 if two else 1):
+                        m0 = (mt + j) * M_TILE
+                        _fold(acc, 4096 * j, res)
+                        for r in range(ROWS):
+                            for i in range(min(M_TILE, m_rows - m0)):
+                                out[m0 + i, n0 + r] = res[16 * r + i]
+            amx.release()
+
+    return driver
+
+
+_DRIVERS = {(qt, rep): _make_driver(_make_decode(qt, rep))
+            for qt in DECODERS for rep in (False, True) if not rep or qt in REPACKED_DECODERS}
+
+
+def matmul(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.ndarray,
+           out: np.ndarray, repacked: bool, vnni_drivers) -> None:
+    """out = x · Wᵀ through the tiles (arguments checked by kquants.matmul_q8k); the last
+    N mod 16 weight rows through ``vnni_drivers[qtype]`` (kquants_ir's table for w's layout)."""
+    if not amx.available():
+        raise RuntimeError(f"AMX is not usable here: {amx.status()}")
+    m_rows = xd.shape[1]
+    xb, dx, bsd = _x_tiles(xq, xd, xbs, -(-m_rows // M_TILE) * M_TILE)
+    n_full = w.shape[0] // ROWS * ROWS
+    threads = get_num_threads()
+    if n_full:
+        _DRIVERS[qtype, repacked](CONFIG, w, xb, dx, bsd, m_rows, out,
+                                  max(1, min(threads, n_full // ROWS)))
+    if n_full < w.shape[0]:
+        tail = np.empty((m_rows, w.shape[0] - n_full), np.float32)
+        vnni_drivers[qtype](w[n_full:], xq, xd, xbs, tail, max(1, min(threads, w.shape[0] - n_full)))
+        out[:, n_full:] = tail
