@@ -15,10 +15,16 @@ rows (under prange), in order:
 1. every super-block b of the 16 rows decoded once by kquants_ir's decoders (either layout):
    the codes group by group (row r, group g at ubuf[b, r, 16g …], the 16 values in the
    lane-major order of q8k.py), scd and bias per (r, g);
-2. for two tiles of 16 activation rows at a time, b ascending, the 16 groups on the tiles
-   (C stored per group), then the float update with lane = activation row m: C row r is
-   dot[g] of weight row r for the 16 rows m;
+2. per tile of 16 activation rows and group g (_group), b ascending: the block's dots on the
+   tiles (C stored; the next block's issued before this one's is read), then the float
+   update with lane = activation row m (C row r: dot[g] of weight row r for the 16 rows m),
+   the 16 weight rows' accumulators in registers;
 3. the fold of the 16 groups' accumulators into out[m, n].
+
+What it buys: little.  A tile product can only be a quarter deep (K = 16 of 64 bytes), and
+on the Intel host the tile instructions and the float update did not overlap (each alone
+took about half of the pass; docs/architecture.md, "AMX tiles"), so a pass costs about
+what the VNNI drivers' does: forced only, like the legacy quants' tiles.
 
 Integer dots are exact, each (m, n, g) sees the same float operations in the same order, and
 the fold is the same sum, so out[m] is bitwise kquants_ir's for any M
@@ -47,9 +53,9 @@ M_TILE = 16                     # activation rows per B tile (the 16 int32 colum
 MIN_M = {qt: 16 for qt in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}
 BLOCK_U = ROWS * QK_K           # bytes of one super-block's codes for a tile (4096)
 BLOCK_S = 2 * ROWS * 16         # floats of its scd and bias (512)
-CONFIG = amx.tile_config({0: (16, 64), 4: (16, 64),     # C: 16 weight rows x 16 int32
+CONFIG = amx.tile_config({0: (16, 64),                  # C: 16 weight rows x 16 int32
                           1: (16, 16),                  # A: 16 weight rows x one group's codes
-                          2: (4, 64), 3: (4, 64)})      # B: 4 rows of 16 activation rows x 4 codes
+                          2: (4, 64)})                  # B: 4 rows of 16 activation rows x 4 codes
 
 
 def _groups_major(builder, u):
@@ -99,30 +105,66 @@ def _make_decode(qtype: int, repacked: bool):
     return decode
 
 
+_DOT = ("tileloadd ($0,$1,1), %tmm1\n\ttileloadd ($2,$3,1), %tmm2\n\ttilezero %tmm0\n\t"
+        "tdpbusd %tmm2, %tmm1, %tmm0\n\ttilestored %tmm0, ($4,$5,1)")
+
+
+def _emit_dot(builder, a, b, c) -> None:
+    """C (i8* c, 16 rows of 64 bytes) = A (i8* a: 16 weight rows of one group's 16 codes,
+    256 bytes apart) · B (i8* b: 4 rows of 64 bytes), ``tdpbusd`` (unsigned A, signed B)."""
+    amx._asm(builder, _DOT, "r,r,r,r,r,r,~{memory}", [a, I64(256), b, I64(64), c, I64(64)])
+
+
 @intrinsic
-def _update(typingctx, acc, a_off, cbuf, c_off, sbuf, s_off, dx, dx_off, bsd, bsd_off):
-    """Step 2's float update of one super-block for 16 activation rows (lanes): for g, r,
-        acc[a_off + 256 g + 16 r] = fma(float(C_g[r]), scd[r, g] · dx, ·)
-        then                      = fma(bias[r, g], bsd[g], ·)
-    C_g at cbuf[c_off + 256 g …] (int32 16 x 16); dx = dx[dx_off …], bsd[g] = bsd[bsd_off + 16 g …]
-    (float32 16 lanes each; see _x_tiles)."""
-    sig = types.void(acc, a_off, cbuf, c_off, sbuf, s_off, dx, dx_off, bsd, bsd_off)
+def _group(typingctx, ubuf, xb, cbuf, sbuf, dx, bsd, acc, g, mt, nt, nb, mp):
+    """Step 2 for group g and activation tile mt: block after block, C = the group's dots
+    (into one of two C slots of cbuf, the next block's issued before this one's update
+    reads it), then with lane = activation row m, for the 16 weight rows r,
+        a[r] = fma(float(C[r]), scd[r, g] · dx, a[r]);   a[r] = fma(bias[r, g], bsd[g], a[r])
+    the 16 accumulators a in registers; at the end acc[256 g + 16 r …] = a[r].
+    ubuf, sbuf: the tile's decoded blocks (_make_decode), xb, dx, bsd: _x_tiles."""
+    sig = types.void(ubuf, xb, cbuf, sbuf, dx, bsd, acc, g, mt, nt, nb, mp)
 
     def codegen(context, builder, signature, args):
         def data(i):
             return context.make_array(signature.args[i])(context, builder, args[i]).data
-        ao, co, so, xo, bo = (context.cast(builder, args[i], signature.args[i], types.int64)
-                              for i in (1, 3, 5, 7, 9))
-        dxv = load_at(builder, data(6), xo, V16F32, 4)
-        for g in range(16):
-            bsd = load_at(builder, data(8), builder.add(bo, I64(16 * g)), V16F32, 4)
-            for r in range(ROWS):
-                at = builder.add(ao, I64(256 * g + 16 * r))
-                dot = builder.sitofp(load_at(builder, data(2), builder.add(co, I64(256 * g + 16 * r)), V16I32, 4), V16F32)
-                scd = splat(builder, load_at(builder, data(4), builder.add(so, I64(16 * r + g)), F32, 4), 16)
-                bias = splat(builder, load_at(builder, data(4), builder.add(so, I64(256 + 16 * r + g)), F32, 4), 16)
-                a = fma_v16f32(builder, dot, builder.fmul(scd, dxv), load_at(builder, data(0), at, V16F32, 4))
-                store_at(builder, fma_v16f32(builder, bias, bsd, a), data(0), at, 4)
+        g_, mt_, nt_, nb_, mp_ = (context.cast(builder, args[i], signature.args[i], types.int64)
+                                  for i in range(7, 12))
+        ub, xbp = (builder.bitcast(data(i), amx.I8P) for i in (0, 1))
+        cb = builder.bitcast(data(2), amx.I8P)
+
+        def dot(b):
+            a = builder.gep(ub, [builder.add(builder.mul(b, I64(BLOCK_U)), builder.mul(g_, I64(16)))])
+            xo = builder.mul(builder.add(builder.mul(builder.add(builder.mul(b, I64(16)), g_), nt_), mt_), I64(256))
+            c = builder.gep(cb, [builder.mul(builder.and_(b, I64(1)), I64(1024))])
+            _emit_dot(builder, a, builder.gep(xbp, [xo]), c)
+
+        slots = [cgutils.alloca_once(builder, V16F32) for _ in range(ROWS)]
+        for slot in slots:
+            builder.store(ir.Constant(V16F32, 0.0), slot)
+
+        def update(b):
+            dxv = load_at(builder, data(4), builder.add(builder.mul(b, mp_), builder.mul(mt_, I64(M_TILE))), V16F32, 4)
+            bo = builder.add(builder.mul(builder.add(builder.mul(b, nt_), mt_), I64(256)), builder.mul(g_, I64(16)))
+            bsdv = load_at(builder, data(5), bo, V16F32, 4)
+            co = builder.mul(builder.and_(b, I64(1)), I64(256))
+            so = builder.add(builder.mul(b, I64(BLOCK_S)), g_)
+            for r, slot in enumerate(slots):
+                dot_ = builder.sitofp(load_at(builder, data(2), builder.add(co, I64(16 * r)), V16I32, 4), V16F32)
+                scd = splat(builder, load_at(builder, data(3), builder.add(so, I64(16 * r)), F32, 4), 16)
+                bias = splat(builder, load_at(builder, data(3), builder.add(so, I64(256 + 16 * r)), F32, 4), 16)
+                a = fma_v16f32(builder, dot_, builder.fmul(scd, dxv), builder.load(slot))
+                builder.store(fma_v16f32(builder, bias, bsdv, a), slot)
+
+        dot(I64(0))
+        with cgutils.for_range(builder, nb_) as loop:
+            ahead = builder.add(loop.index, I64(1))
+            with builder.if_then(builder.icmp_signed("<", ahead, nb_)):
+                dot(ahead)
+            update(loop.index)
+        ao = builder.mul(g_, I64(256))
+        for r, slot in enumerate(slots):
+            store_at(builder, builder.load(slot), data(6), builder.add(ao, I64(16 * r)), 4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -146,30 +188,6 @@ def _fold(typingctx, acc, a_off, res):
         return context.get_dummy_value()
 
     return sig, codegen
-
-
-# tmm1: A (16 weight rows x 16 codes), tmm2, tmm3: B (two tiles of 16 activation rows), tmm0, tmm4: C
-_DOT2 = ("tileloadd ($0,$1,1), %tmm1\n\ttileloadd ($2,$3,1), %tmm2\n\ttileloadd ($4,$5,1), %tmm3\n\t"
-         "tilezero %tmm0\n\ttilezero %tmm4\n\ttdpbusd %tmm2, %tmm1, %tmm0\n\ttdpbusd %tmm3, %tmm1, %tmm4\n\t"
-         "tilestored %tmm0, ($6,$7,1)\n\ttilestored %tmm4, ($8,$9,1)")
-_DOT1 = ("tileloadd ($0,$1,1), %tmm1\n\ttileloadd ($2,$3,1), %tmm2\n\ttilezero %tmm0\n\t"
-         "tdpbusd %tmm2, %tmm1, %tmm0\n\ttilestored %tmm0, ($4,$5,1)")
-
-
-@intrinsic
-def _dot2(typingctx, a, a_off, a_stride, b, b_off, b_stride, b2, b2_off, b2_stride,
-          c, c_off, c_stride, c2, c2_off, c2_stride):
-    """C = A · B and C2 = A · B2 (tdpbusd: unsigned A, signed B), stored at c, c2 (offsets
-    and strides in bytes)."""
-    sig = types.void(a, a_off, a_stride, b, b_off, b_stride, b2, b2_off, b2_stride,
-                     c, c_off, c_stride, c2, c2_off, c2_stride)
-    return sig, amx._tile_codegen(_DOT2, 5)
-
-
-@intrinsic
-def _dot1(typingctx, a, a_off, a_stride, b, b_off, b_stride, c, c_off, c_stride):
-    """C = A · B (tdpbusd), stored at c."""
-    return types.void(a, a_off, a_stride, b, b_off, b_stride, c, c_off, c_stride), amx._tile_codegen(_DOT1, 3)
 
 
 @njit(cache=True, nogil=True)
@@ -209,33 +227,21 @@ def _make_driver(decode):
             amx.load_config(cfg)                    # per thread: a worker starts with none
             ubuf = np.empty(nb * BLOCK_U, np.uint8)
             sbuf = np.empty(nb * BLOCK_S, np.float32)
-            cbuf = np.empty(2 * 16 * 256, np.int32)
-            acc = np.empty(2 * 4096, np.float32)
+            cbuf = np.empty(2 * 256, np.int32)         # two C slots
+            acc = np.empty(4096, np.float32)
             res = np.empty(256, np.float32)
             for t in range(c * n_tiles // n_chunks, (c + 1) * n_tiles // n_chunks):
                 n0 = t * ROWS
                 for b in range(nb):
                     decode(w, n0 * rs, rs, b, ubuf, b * BLOCK_U, sbuf, b * BLOCK_S)
-                for mt in range(0, nt, 2):
-                    two = mt + 1 < nt
-                    acc[:] = 0.0
-                    for b in range(nb):
-                        for g in range(16):
-                            xo = ((b * 16 + g) * nt + mt) * 256
-                            if two:
-                                _dot2(ubuf, b * BLOCK_U + 16 * g, 256, xb, xo, 64, xb, xo + 256, 64,
-                                      cbuf, 1024 * g, 64, cbuf, 4 * 4096 + 1024 * g, 64)
-                            else:
-                                _dot1(ubuf, b * BLOCK_U + 16 * g, 256, xb, xo, 64, cbuf, 1024 * g, 64)
-                        for j in range(2 if two else 1):
-                            _update(acc, 4096 * j, cbuf, 4096 * j, sbuf, b * BLOCK_S,
-                                    dxf, b * mp + (mt + j) * M_TILE, bsdf, (b * nt + mt + j) * 256)
-                    for j in range(2 if two else 1):
-                        m0 = (mt + j) * M_TILE
-                        _fold(acc, 4096 * j, res)
-                        for r in range(ROWS):
-                            for i in range(min(M_TILE, m_rows - m0)):
-                                out[m0 + i, n0 + r] = res[16 * r + i]
+                for mt in range(nt):
+                    for g in range(16):
+                        _group(ubuf, xb, cbuf, sbuf, dxf, bsdf, acc, g, mt, nt, nb, mp)
+                    m0 = mt * M_TILE
+                    _fold(acc, 0, res)
+                    for r in range(ROWS):
+                        for i in range(min(M_TILE, m_rows - m0)):
+                            out[m0 + i, n0 + r] = res[16 * r + i]
             amx.release()
 
     return driver
