@@ -1,13 +1,16 @@
-"""What AMX tiles buy, and what bounds them: the legacy quants' matmul with and without tiles.
+"""What AMX tiles buy, and what bounds them: the quantized matmul with and without tiles.
 
 1. Kernels: per legacy format on real shapes (Qwen2.5-0.5B's ffn_up Q5_0 and attention Q8_0,
    SmolLM2's Q4_1, a Q4_0 probe), per M, the median milliseconds of the VNNI tile and of the
    AMX tiles (kernels/legacy_amx.py, called directly whatever legacy_amx.MIN_M says), and
    the share of the AMX time the tile instructions themselves take (a loop of the same
    tileloadd/tdpbsud/tilestored count alone): the rest is the per-block float update.
+   The K-quants the same way on Qwen2.5-Coder-1.5B's own tensors (ffn_up Q4_K, ffn_down
+   Q6_K, attn_q Q4_K, GGUF layout): kquants_ir's drivers against kernels/kquants_amx.py,
+   the two alternated, the fastest of --reps each (the host is shared).
 2. Models: one forward over M new tokens after 128 cached (M = 1, 9, 16, 32) and a 512-token
-   prompt pass (pp512) of the Q5_0/Q8_0-heavy models, in two processes: SPECDEC_KERNELS=amx
-   and =vnni (the path is chosen at import).
+   prompt pass (pp512) of the Q5_0/Q8_0-heavy models and of the K-quant target, in two
+   processes: SPECDEC_KERNELS=amx and =vnni (the path is chosen at import).
 
 Intel hosts with AMX only.  Writes amx_rows.json (machine record included) into --out.
 
@@ -33,7 +36,11 @@ from specdec.kernels import amx  # noqa: E402
 SHAPES = [("qwen0.5b ffn_up", 6, 4864, 896), ("qwen0.5b attn_q", 8, 896, 896),
           ("smollm2 ffn_up", 3, 1536, 576), ("q4_0 probe", 2, 4864, 896)]
 MS = (1, 9, 16, 32, 64, 128, 512)
-MODELS = ("qwen2.5-coder-0.5b-instruct", "gemma-3-270m-q4_k_m")
+KQUANT_SHAPES = [("qwen1.5b ffn_up", "blk.0.ffn_up.weight"), ("qwen1.5b ffn_down", "blk.0.ffn_down.weight"),
+                 ("qwen1.5b attn_q", "blk.0.attn_q.weight")]
+KQUANT_MODEL = "qwen2.5-coder-1.5b-instruct"
+MS_K = (16, 32, 64, 128)
+MODELS = ("qwen2.5-coder-0.5b-instruct", "gemma-3-270m-q4_k_m", KQUANT_MODEL)
 
 MODEL_SCRIPT = r"""
 import json, sys, time
@@ -102,10 +109,50 @@ def kernels(reps: int) -> list[dict]:
     return rows
 
 
-def models(reps: int) -> list[dict]:
+def _alternated_ms(f1, f2, reps: int) -> tuple[float, float]:
+    """The fastest of reps calls of each, the two alternated (after one warm-up call each)."""
+    f1(), f2()
+    t1, t2 = [], []
+    for _ in range(reps):
+        for f, ts in ((f1, t1), (f2, t2)):
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+    return min(t1) * 1e3, min(t2) * 1e3
+
+
+def kquant_kernels(reps: int) -> list[dict]:
+    import gguf
+    from numba import get_num_threads
+    from specdec.kernels import kquants_amx
+    from specdec.kernels.kquants_ir import MATMUL_Q8K
+    from specdec.kernels.q8k import quantize_q8_k
+    from specdec.models import hub
+    reader = gguf.GGUFReader(hub.resolve(KQUANT_MODEL))
+    tensors = {t.name: t for t in reader.tensors}
+    rng = np.random.default_rng(0)
+    rows = []
+    for name, tensor in KQUANT_SHAPES:
+        t = tensors[tensor]
+        qt, w = int(t.tensor_type), np.ascontiguousarray(t.data)
+        n, k = w.shape[0], int(t.shape[0])
+        for m in MS_K:
+            xq, xd, xbs = quantize_q8_k(rng.standard_normal((m, k)).astype(np.float32))
+            out, out2 = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+            vnni, tiles = _alternated_ms(
+                lambda: MATMUL_Q8K[qt](w, xq, xd, xbs, out, get_num_threads()),
+                lambda: kquants_amx.matmul(qt, w, xq, xd, xbs, out2, False, MATMUL_Q8K), reps)
+            assert np.array_equal(out.view(np.uint32), out2.view(np.uint32))
+            rows.append({"tensor": name, "qtype": qt, "N": n, "K": k, "M": m, "vnni_ms": round(vnni, 4),
+                         "amx_ms": round(tiles, 4), "speedup": round(vnni / tiles, 3)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def models(reps: int, names=MODELS) -> list[dict]:
     root = Path(__file__).resolve().parent.parent
     rows = []
-    for model in MODELS:
+    for model in names:
         for path in ("amx", "vnni"):
             env = {**os.environ, "SPECDEC_KERNELS": path}
             r = subprocess.run([sys.executable, "-c", MODEL_SCRIPT, model, str(reps)], env=env, cwd=root,
@@ -122,12 +169,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--out", type=Path, default=Path("bench-results"))
     ap.add_argument("--skip-models", action="store_true")
+    ap.add_argument("--kquants-only", action="store_true", help="the K-quant kernels and the K-quant model only")
     a = ap.parse_args()
     if not amx.available():
         raise SystemExit(f"amx_rows: no AMX here ({amx.status()})")
-    result = {"machine": machine_info(), "kernels": kernels(a.reps),
-              "models": [] if a.skip_models else models(a.reps)}
-    write_json(a.out / "amx_rows.json", result)
+    result = {"machine": machine_info(), "kernels": [] if a.kquants_only else kernels(a.reps),
+              "kquant_kernels": kquant_kernels(a.reps),
+              "models": [] if a.skip_models else models(a.reps, (KQUANT_MODEL,) if a.kquants_only else MODELS)}
+    write_json(a.out / ("amx_rows_kquants.json" if a.kquants_only else "amx_rows.json"), result)
 
 
 if __name__ == "__main__":
