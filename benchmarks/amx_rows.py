@@ -8,7 +8,7 @@
    The K-quants the same way on Qwen2.5-Coder-1.5B's own tensors (ffn_up Q4_K, ffn_down
    Q6_K, attn_q Q4_K, GGUF layout): kquants_ir's drivers against kernels/kquants_amx.py,
    the two alternated, the fastest of --reps each (the host is shared).
-2. Models: one forward over M new tokens after 128 cached (M = 1, 9, 16, 32) and a 512-token
+2. Models: one forward over M new tokens after 128 cached (M = 1, 9, 16, 32, 64, 128) and a 512-token
    prompt pass (pp512) of the Q5_0/Q8_0-heavy models and of the K-quant target, in two
    processes: SPECDEC_KERNELS=amx and =vnni (the path is chosen at import).
 
@@ -53,13 +53,15 @@ model = specdec.load(sys.argv[1])
 warm_up(model)
 reps = int(sys.argv[2])
 s = model.session(520)
+s.eval([(31 * i) % 1000 + 100 for i in range(512)], last_only=True)     # untimed: first touches
+s.truncate(0)
 pp = []
-for _ in range(max(2, reps // 3)):
+for _ in range(max(3, reps // 3)):
     t = time.perf_counter()
     s.eval([(31 * i) % 1000 + 100 for i in range(512)], last_only=True)
     pp.append(time.perf_counter() - t)
     s.truncate(0)
-row = {"path": cpu.path(), "forward_ms": {str(m): round(forward_ms(model, m, repeats=reps), 3) for m in (1, 9, 16, 32)},
+row = {"path": cpu.path(), "forward_ms": {str(m): round(forward_ms(model, m, repeats=reps), 3) for m in (1, 9, 16, 32, 64, 128)},
        "pp512_ms": round(float(np.median(pp)) * 1e3, 1), "pp512_tok_s": round(512 / float(np.median(pp)), 1)}
 print(json.dumps(row))
 """

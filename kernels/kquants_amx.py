@@ -48,9 +48,10 @@ from .kquants_ir import DECODERS, REPACKED_DECODERS
 
 ROWS = 16                       # weight rows per tile (the 16 rows of A and C)
 M_TILE = 16                     # activation rows per B tile (the 16 int32 columns of C)
-# With SPECDEC_KERNELS=amx (cpu.tiles()), passes of at least MIN_M rows take the tiles
-# (benchmarks/amx_rows.py; docs/architecture.md, "AMX tiles").
-MIN_M = {qt: 16 for qt in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}
+# With SPECDEC_KERNELS=amx (cpu.tiles()), passes of at least MIN_M rows take the tiles: at
+# 16 rows they were slower than the VNNI drivers on Q4_K, from 64 on not (benchmarks/amx_rows.py;
+# docs/architecture.md, "AMX tiles"): prompt passes, not verification.
+MIN_M = {qt: 64 for qt in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}
 BLOCK_U = ROWS * QK_K           # bytes of one super-block's codes for a tile (4096)
 BLOCK_S = 2 * ROWS * 16         # floats of its scd and bias (512)
 CONFIG = amx.tile_config({0: (16, 64),                  # C: 16 weight rows x 16 int32
