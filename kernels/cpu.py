@@ -137,15 +137,15 @@ def check_path() -> None:
 
 
 def tiles() -> bool:
-    """Whether the legacy quants' passes of many rows run on AMX tiles: only when forced
-    (SPECDEC_KERNELS=amx) on a host that can; measured no faster than the VNNI tile under
-    the exact per-block float contract, so not the default (docs/architecture.md, AMX)."""
+    """Whether the quantized passes of many rows (legacy quants, K-quants) run on AMX tiles:
+    only when forced (SPECDEC_KERNELS=amx) on a host that can; measured no faster than the
+    VNNI paths under the exact float contracts, so not the default (docs/architecture.md, AMX)."""
     return _forced.get("path") == "amx" and amx.available()
 
 
 def path() -> str:
     """The instruction path the kernels run: 'amx' (forced: tiles for passes of many rows,
-    vnni below them), 'vnni', 'avx2' or 'portable'."""
+    vnni below them and for everything else), 'vnni', 'avx2' or 'portable'."""
     if have_vnni512():
         return "amx" if tiles() else "vnni"
     return "avx2" if have_avx2() else "portable"
@@ -155,7 +155,7 @@ def kernel_paths() -> dict[str, str]:
     """Which instruction path each kernel family compiles to with the current target."""
     dot = "avx2 vpmaddubsw + vpmaddwd" if have_avx2() else "portable (no AVX2)"
     return {"path": path(), "forced": _forced.get("path", ""),
-            "amx": ("tdpbsud tiles: legacy quants, passes of >= 16 rows" if tiles() else
+            "amx": ("tiles: legacy quants (tdpbsud) from 16 rows, K-quants (tdpbusd) from 64" if tiles() else
                     "available, off unless SPECDEC_KERNELS=amx" if amx.available() else amx.status()),
             "kquants": "avx512-vnni 512-bit" if have_vnni512() else dot,
             "legacy": "avx512-vnni 256-bit" if have_vnni256() else dot,
