@@ -172,3 +172,20 @@ def one_line_error(r, *needles):
     assert len(errors) == 1, r.stderr
     for n in needles:
         assert n in errors[0], (n, errors[0])
+
+
+def assert_rows_independent(matmul, w: np.ndarray, x: np.ndarray, rng: np.random.Generator) -> None:
+    """matmul(w, x, out) over all of x's rows: rows 0, 7 and the last equal the row alone
+    (M = 1) bit for bit, and row 0 stays the same whatever the other rows hold."""
+    n = w.shape[0]
+    out = np.empty((x.shape[0], n), np.float32)
+    matmul(w, x, out)
+    for i in (0, 7, x.shape[0] - 1):
+        alone = np.empty((1, n), np.float32)
+        matmul(w, x[i:i + 1], alone)
+        assert np.array_equal(out[i].view(np.uint32), alone[0].view(np.uint32)), i
+    x2 = x.copy()
+    x2[1:] = rng.standard_normal(x2[1:].shape).astype(np.float32) * 100
+    out2 = np.empty_like(out)
+    matmul(w, x2, out2)
+    assert np.array_equal(out[0].view(np.uint32), out2[0].view(np.uint32))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.kernels import amx, cpu, legacy, legacy_amx
-from helpers import make_weights
+from helpers import assert_rows_independent, make_weights
 
 T = gguf.GGMLQuantizationType
 QUANTS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
@@ -49,17 +49,7 @@ def test_passes_that_take_the_tiles_keep_rows_independent(qt, monkeypatch):
     rng = np.random.default_rng(int(qt))
     w = make_weights(qt, 48, 256, rng, raw=False)
     x = rng.standard_normal((legacy_amx.MIN_M[int(qt)] + 5, 256)).astype(np.float32)
-    out = np.empty((x.shape[0], 48), np.float32)
-    legacy.MATMUL[int(qt)](w, x, out)
-    for i in (0, 7, x.shape[0] - 1):
-        alone = np.empty((1, 48), np.float32)
-        legacy.MATMUL[int(qt)](w, x[i:i + 1], alone)
-        assert np.array_equal(_bits(out[i]), _bits(alone[0]))
-    x2 = x.copy()
-    x2[1:] = rng.standard_normal(x2[1:].shape).astype(np.float32) * 100
-    out2 = np.empty_like(out)
-    legacy.MATMUL[int(qt)](w, x2, out2)
-    assert np.array_equal(_bits(out[0]), _bits(out2[0]))
+    assert_rows_independent(legacy.MATMUL[int(qt)], w, x, rng)
 
 
 @needs_amx

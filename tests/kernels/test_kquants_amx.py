@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from specdec.kernels import amx, cpu, kquants, kquants_amx, kquants_ir, kquants_repack, reference
 from specdec.kernels.q8k import quantize_q8_k
-from helpers import random_weights
+from helpers import assert_rows_independent, random_weights
 
 T = gguf.GGMLQuantizationType
 KQUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -56,14 +56,4 @@ def test_passes_that_take_the_tiles_keep_rows_independent(qt, monkeypatch):
     rng = np.random.default_rng(int(qt))
     w = random_weights(rng, int(qt), 40, 2)
     x = rng.standard_normal((kquants_amx.MIN_M[int(qt)] + 19, 512)).astype(np.float32)
-    out = np.empty((x.shape[0], 40), np.float32)
-    kquants.MATMUL[int(qt)](w, x, out)
-    for i in (0, 17, x.shape[0] - 1):
-        alone = np.empty((1, 40), np.float32)
-        kquants.MATMUL[int(qt)](w, x[i:i + 1], alone)
-        assert np.array_equal(_bits(out[i]), _bits(alone[0]))
-    x2 = x.copy()
-    x2[1:] = rng.standard_normal(x2[1:].shape).astype(np.float32) * 100
-    out2 = np.empty_like(out)
-    kquants.MATMUL[int(qt)](w, x2, out2)
-    assert np.array_equal(_bits(out[0]), _bits(out2[0]))
+    assert_rows_independent(kquants.MATMUL[int(qt)], w, x, rng)
