@@ -8,6 +8,8 @@
    (matmuls, attention, norms + RoPE + activations, embedding lookup); "python glue" is the
    step time minus all kernel time, "thread dispatch" the cost of waking the worker threads
    (an empty prange kernel timed alone) times the number of parallel kernel calls per step.
+   The same timers over one prompt pass of each --pp length: the share of prompt processing
+   that attention takes beside the matmuls.
 
 3. llama.cpp's curve on the same file in the same run: llama-bench of the native build
    (benchmarks/build_llamacpp.sh), else llama-cpp-python (all rows' logits).
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -108,8 +111,10 @@ def pp_tok_s(model, n: int, repeats: int) -> float:
     return n / float(np.median(times))
 
 
-def profile_decode(model, n_steps: int = 48) -> dict:
-    """Seconds per decode step by category, from timed wrappers around every kernel call."""
+@contextmanager
+def _timed_kernels():
+    """Wrap every kernel call of the engine in a timer for the duration: yields the dicts
+    (seconds, calls) by category, which the caller clears before what it measures."""
     spent: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
 
@@ -134,6 +139,30 @@ def profile_decode(model, n_steps: int = 48) -> dict:
     patched.append((kv, "store", kv.store))
     kv.store = timed("store", kv.store)
     try:
+        yield spent, calls
+    finally:
+        for obj, n, fn in patched:
+            setattr(obj, n, fn)
+
+
+def profile_prompt(model, n: int) -> dict:
+    """Seconds of one n-token prompt pass (after an untimed one) by category: how much of
+    prompt processing is attention, how much the matmuls."""
+    s = model.session(n + 8)
+    ids = [(31 * i) % 1000 + 100 for i in range(n)]
+    s.eval(ids, last_only=True)
+    s.truncate(0)
+    with _timed_kernels() as (spent, _):
+        t = time.perf_counter()
+        s.eval(ids, last_only=True)
+        total = time.perf_counter() - t
+    return {"n": n, "pass_ms": round(total * 1e3, 1), "ms": {k: round(v * 1e3, 1) for k, v in sorted(spent.items())},
+            "pct": {k: round(100 * v / total, 1) for k, v in sorted(spent.items())}}
+
+
+def profile_decode(model, n_steps: int = 48) -> dict:
+    """Seconds per decode step by category, from timed wrappers around every kernel call."""
+    with _timed_kernels() as (spent, calls):
         s = model.session(256)
         tok = int(np.argmax(s.eval(list(range(100, 132)), last_only=True)[-1]))
         spent.clear()
@@ -142,9 +171,6 @@ def profile_decode(model, n_steps: int = 48) -> dict:
         for _ in range(n_steps):
             tok = int(np.argmax(s.eval([tok])[-1]))
         total = time.perf_counter() - t
-    finally:
-        for obj, n, fn in patched:
-            setattr(obj, n, fn)
     per = {k: v / n_steps for k, v in spent.items()}
     parallel_calls = (calls["matmuls"] + calls["attention"]) / n_steps
     d_us = dispatch_us()
@@ -209,6 +235,7 @@ def measure(mid: str, a) -> dict:
          "pp_tok_s": {str(n): round(pp_tok_s(m, n, max(1, a.repeats // 3)), 2) for n in a.pp}}
     if not a.no_profile:
         r["profile"] = profile_decode(m)
+        r["profile_pp"] = [profile_prompt(m, n) for n in a.pp]
     return r
 
 
@@ -249,7 +276,7 @@ def main(argv=None) -> None:
                     help="kernel paths (SPECDEC_KERNELS) besides the host's default")
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--no-mmap", action="store_true", help="read the model files into memory (both engines)")
-    ap.add_argument("--no-profile", action="store_true", help="skip the decode-step profile")
+    ap.add_argument("--no-profile", action="store_true", help="skip the decode-step and prompt-pass profiles")
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.single:                                          # a child: one path, JSON on stdout
@@ -290,6 +317,8 @@ def _print(r: dict) -> None:
     if p:
         print(f"  decode step {p['step_ms']:.2f} ms: " + ", ".join(f"{k} {v:.2f}" for k, v in p["ms"].items())
               + f", glue {p['python_glue_ms']:.2f} ({p['python_glue_pct']:.1f}%)")
+    for pp in r.get("profile_pp", []):
+        print(f"  pp{pp['n']} pass {pp['pass_ms']:.0f} ms: " + ", ".join(f"{k} {v:.1f}%" for k, v in pp["pct"].items()))
 
 
 if __name__ == "__main__":
