@@ -17,7 +17,8 @@ The integers are exact, so whether ``vpdpbusd`` or the tile unit summed them can
 bit, and the float operations per (row, m) are the same sequence, in the same block order:
 out[m] is bitwise the VNNI path's, whatever M is (tests/kernels/test_amx.py).
 
-    w    uint8 (N, row_bytes) raw GGUF rows (N % 16 rows go through the VNNI tile)
+    w    uint8 (N, row_bytes) raw GGUF rows, or repack.py's 8-row records (the draft's
+         requantized weights, a --no-mmap file's); N % 16 rows go through the VNNI tile
     x    float32 (M, K), K % 32 == 0;  out float32 (M, N)
 """
 from __future__ import annotations
@@ -47,10 +48,15 @@ CONFIG = amx.tile_config({0: (16, 64), 4: (16, 64),      # C: 16 rows x 16 int32
                           2: (8, 64)})                   # B: 8 rows of 16 x 4 codes
 
 
-def _make_decode(qtype: int):
+def _make_decode(qtype: int, repacked: bool = False):
     """decode(w, row0, rs, b, bbuf, dbuf, mbuf): block b of the 16 rows at row0 + r·rs into
-    bbuf (uint8 512: B in the VNNI order), dbuf and mbuf (float32 16)."""
+    bbuf (uint8 512: B in the VNNI order), dbuf and mbuf (float32 16).  repacked: w holds
+    repack.py's 8-row records, rows row0 … row0+15 being two record streams (the second
+    8·rs bytes after the first)."""
     decoder, block_bytes = DECODERS[qtype], FORMATS[qtype].type_size
+    if repacked:
+        from .repack import REC, _decode as record       # repack imports this module's user
+        block_bytes = REC[qtype]
 
     @intrinsic
     def decode(typingctx, w, row0, rs, b, bbuf, dbuf, mbuf):
@@ -62,8 +68,12 @@ def _make_decode(qtype: int):
             row0_, rs_, b_ = (context.cast(builder, args[i], signature.args[i], types.int64)
                               for i in (1, 2, 3))
             blk = builder.add(row0_, builder.mul(b_, I64(block_bytes)))
-            offs = [builder.add(blk, builder.mul(rs_, I64(r))) for r in range(ROWS)]
-            lo, hi = decoder(builder, data(0), offs[:8]), decoder(builder, data(0), offs[8:])
+            if repacked:
+                lo = record(builder, data(0), blk, qtype)
+                hi = record(builder, data(0), builder.add(blk, builder.mul(rs_, I64(8))), qtype)
+            else:
+                offs = [builder.add(blk, builder.mul(rs_, I64(r))) for r in range(ROWS)]
+                lo, hi = decoder(builder, data(0), offs[:8]), decoder(builder, data(0), offs[8:])
             dec = Decoded([join(builder, a, c) for a, c in zip(lo.cols, hi.cols)], lo.off,
                           join(builder, lo.d, hi.d), None if lo.m is None else join(builder, lo.m, hi.m))
             bp = data(4)
@@ -79,7 +89,6 @@ def _make_decode(qtype: int):
     return decode
 
 
-_DECODE = {qt: _make_decode(qt) for qt in LEGACY}
 _OFF = {Q4_0: 8, Q4_1: 0, Q5_0: 16, Q5_1: 0, Q8_0: 128}     # w = u - off (legacy_ir's decoders)
 
 
@@ -123,8 +132,8 @@ def _make_update(off: int, has_min: bool):
     return update
 
 
-def _make_driver(qtype: int):
-    decode, update = _DECODE[qtype], _make_update(_OFF[qtype], qtype in (Q4_1, Q5_1))
+def _make_driver(qtype: int, repacked: bool = False):
+    decode, update = _make_decode(qtype, repacked), _make_update(_OFF[qtype], qtype in (Q4_1, Q5_1))
 
     @njit(cache=True, nogil=True, parallel=True)
     def driver(cfg, w, xq, xsum, xd, xs, m_rows, out, n_chunks):
@@ -171,12 +180,22 @@ def _make_driver(qtype: int):
     return driver
 
 
-_DRIVERS = {qt: _make_driver(qt) for qt in LEGACY}
+_DRIVERS = {(qt, False): _make_driver(qt) for qt in LEGACY}
 
 
-def matmul(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, vnni_matmul) -> None:
+def _driver(qtype: int, repacked: bool):
+    """The driver for w's layout (the repacked records' built on first use)."""
+    if (qtype, repacked) not in _DRIVERS:
+        _DRIVERS[qtype, repacked] = _make_driver(qtype, repacked)
+    return _DRIVERS[qtype, repacked]
+
+
+def matmul(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, vnni_matmul,
+           repacked: bool = False) -> None:
     """out = x · Wᵀ through the tiles (w, x, out checked by the caller); the last N mod 16
-    weight rows through ``vnni_matmul(qtype, w_tail, x, out_tail)``."""
+    weight rows through ``vnni_matmul(qtype, w_tail, x, out_tail)``.  repacked: w holds
+    repack.py's 8-row records (N % 8 == 0; a last 8 rows go to vnni_matmul as a record
+    stream of their own)."""
     if not amx.available():
         raise RuntimeError(f"AMX is not usable here: {amx.status()}")
     m_rows = x.shape[0]
@@ -186,8 +205,8 @@ def matmul(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, vnni_matmu
         xq = np.concatenate([xq, np.zeros((mp - m_rows, xq.shape[1]), np.int8)])
     n_full = w.shape[0] // ROWS * ROWS
     if n_full:
-        _DRIVERS[qtype](CONFIG, w, xq, xsum, xd, xs, m_rows, out,
-                         max(1, min(get_num_threads(), n_full // ROWS)))
+        _driver(qtype, repacked)(CONFIG, w, xq, xsum, xd, xs, m_rows, out,
+                                 max(1, min(get_num_threads(), n_full // ROWS)))
     if n_full < w.shape[0]:
         tail = np.empty((m_rows, w.shape[0] - n_full), np.float32)
         vnni_matmul(qtype, w[n_full:], x, tail)

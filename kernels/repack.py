@@ -38,7 +38,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from . import kquants, kquants_repack, legacy
+from . import cpu, kquants, kquants_repack, legacy, legacy_amx
 from .checks import check_activations, frozen
 from .formats import FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .ir import (F16, I1, I32, I64, V8F32, V8I32, V32I8, have_vnni256, join, load_at, prefetch,
@@ -328,8 +328,16 @@ def _make(qtype: int):
         check_activations(x, out, w.shape[0])
         if w.shape[1] != x.shape[1] // QK8 * block_bytes or x.shape[1] % QK8 or w.shape[0] % 8:
             raise ValueError(f"repacked {FORMATS[qtype].name} weight {w.shape} does not match x {x.shape}")
-        _matmul_quant(qtype, frozen(w), x, out)
+        amx_min_m = legacy_amx.MIN_M.get(qtype)
+        if amx_min_m is not None and x.shape[0] >= amx_min_m and cpu.tiles():
+            legacy_amx.matmul(qtype, frozen(w), x, out, _vnni_records, repacked=True)   # the same bits
+        else:
+            _matmul_quant(qtype, frozen(w), x, out)
     return matmul
+
+
+def _vnni_records(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    _matmul_quant(qtype, w, x, out)
 
 
 MATMUL = {**{REPACKED[qt]: _make(qt) for qt in LEGACY},   # repacked type id -> fn(w, x, out)

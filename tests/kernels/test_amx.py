@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.kernels import amx, cpu, legacy, legacy_amx
+from specdec.kernels import amx, cpu, legacy, legacy_amx, repack
 from helpers import assert_rows_independent, make_weights
 
 T = gguf.GGMLQuantizationType
@@ -41,15 +41,33 @@ def test_amx_is_bitwise_the_vnni_tile(qt, n, nb, raw, m, seed):
 
 
 @needs_amx
+@settings(max_examples=15, deadline=None)
+@given(qt=st.sampled_from([T.Q4_0, T.Q5_0, T.Q8_0]), streams=st.integers(1, 7), nb=st.integers(1, 5),
+       m=st.integers(1, 40), seed=st.integers(0, 2**32 - 1))
+def test_amx_on_repacked_records_is_bitwise_the_gguf_layout(qt, streams, nb, m, seed):
+    """The draft's requantized weights (and a --no-mmap file's) sit in repack.py's 8-row
+    records: the tiles read them too, with the GGUF layout's numbers (odd stream counts
+    leave 8 rows to the VNNI records path)."""
+    rng = np.random.default_rng(seed)
+    w = make_weights(qt, 8 * streams, 32 * nb, rng, raw=False)
+    x = rng.standard_normal((m, 32 * nb)).astype(np.float32)
+    ref, got = np.empty((m, w.shape[0]), np.float32), np.full((m, w.shape[0]), np.nan, np.float32)
+    _vnni(qt, w, x, ref)
+    legacy_amx.matmul(int(qt), repack.repack(w, int(qt)), x, got, repack._vnni_records, repacked=True)
+    assert np.array_equal(_bits(ref), _bits(got))
+
+
+@needs_amx
 @pytest.mark.parametrize("qt", [qt for qt in QUANTS if int(qt) in legacy_amx.MIN_M])
 def test_passes_that_take_the_tiles_keep_rows_independent(qt, monkeypatch):
-    """With the tiles on, the public matmul sends M >= MIN_M through them: each row equals the
-    row alone (M = 1, the VNNI tile), whatever the other rows hold."""
+    """With the tiles on, the public matmul sends M >= MIN_M through them, in either layout:
+    each row equals the row alone (M = 1, the VNNI tile), whatever the other rows hold."""
     monkeypatch.setattr(cpu, "tiles", lambda: True)
     rng = np.random.default_rng(int(qt))
     w = make_weights(qt, 48, 256, rng, raw=False)
     x = rng.standard_normal((legacy_amx.MIN_M[int(qt)] + 5, 256)).astype(np.float32)
     assert_rows_independent(legacy.MATMUL[int(qt)], w, x, rng)
+    assert_rows_independent(repack.MATMUL[repack.REPACKED[int(qt)]], repack.repack(w, int(qt)), x, rng)
 
 
 @needs_amx
