@@ -8,6 +8,8 @@
    The K-quants the same way on Qwen2.5-Coder-1.5B's own tensors (ffn_up Q4_K, ffn_down
    Q6_K, attn_q Q4_K, GGUF layout): kquants_ir's drivers against kernels/kquants_amx.py,
    the two alternated, the fastest of --reps each (the host is shared).
+   With --records, the legacy shapes in repack.py's 8-row records instead (the layout of a
+   requantized draft and of a --no-mmap file): the VNNI records path against the tiles.
 2. Models: one forward over M new tokens after 128 cached (M = 1, 9, 16, 32, 64, 128) and a 512-token
    prompt pass (pp512) of the Q5_0/Q8_0-heavy models and of the K-quant target, in two
    processes: SPECDEC_KERNELS=amx and =vnni (the path is chosen at import).
@@ -151,6 +153,29 @@ def kquant_kernels(reps: int) -> list[dict]:
     return rows
 
 
+def record_kernels(reps: int) -> list[dict]:
+    import gguf
+    from specdec.kernels import legacy_amx, repack
+    rng = np.random.default_rng(0)
+    rows = []
+    for name, qt, n, k in SHAPES:
+        if qt not in legacy_amx.MIN_M:
+            continue
+        w = repack.repack(gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32),
+                                               gguf.GGMLQuantizationType(qt)), qt)
+        for m in MS_K:
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            out, out2 = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+            vnni, tiles = _alternated_ms(
+                lambda: repack._matmul_quant(qt, w, x, out),
+                lambda: legacy_amx.matmul(qt, w, x, out2, repack._vnni_records, repacked=True), reps)
+            assert np.array_equal(out.view(np.uint32), out2.view(np.uint32))
+            rows.append({"tensor": name, "qtype": qt, "layout": "records", "N": n, "K": k, "M": m,
+                         "vnni_ms": round(vnni, 4), "amx_ms": round(tiles, 4), "speedup": round(vnni / tiles, 3)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def models(reps: int, names=MODELS) -> list[dict]:
     root = Path(__file__).resolve().parent.parent
     rows = []
@@ -172,9 +197,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench-results"))
     ap.add_argument("--skip-models", action="store_true")
     ap.add_argument("--kquants-only", action="store_true", help="the K-quant kernels and the K-quant model only")
+    ap.add_argument("--records", action="store_true", help="the legacy kernels in repacked records only")
     a = ap.parse_args()
     if not amx.available():
         raise SystemExit(f"amx_rows: no AMX here ({amx.status()})")
+    if a.records:
+        write_json(a.out / "amx_rows_records.json", {"machine": machine_info(), "kernels": record_kernels(a.reps)})
+        return
     result = {"machine": machine_info(), "kernels": [] if a.kquants_only else kernels(a.reps),
               "kquant_kernels": kquant_kernels(a.reps),
               "models": [] if a.skip_models else models(a.reps, (KQUANT_MODEL,) if a.kquants_only else MODELS)}
