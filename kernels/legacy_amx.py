@@ -55,7 +55,7 @@ def _make_decode(qtype: int, repacked: bool = False):
     8·rs bytes after the first)."""
     decoder, block_bytes = DECODERS[qtype], FORMATS[qtype].type_size
     if repacked:
-        from .repack import REC, _decode as record       # repack imports this module's user
+        from .repack import REC, _decode as record       # here: repack -> legacy -> this module
         block_bytes = REC[qtype]
 
     @intrinsic
