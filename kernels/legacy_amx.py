@@ -35,6 +35,7 @@ from numba.core import cgutils
 from .ir import F32, I32, I64, V16F32, V16I32, join, load_at, splat, store_at
 from .legacy_ir import DECODERS, Decoded
 from .q8_act import QK8, q8_rows
+from .records import REC, decode_record
 
 ROWS = 16                       # weight rows per tile (the 16 int32 columns of C)
 M_TILE = 16                     # activation rows per A tile
@@ -55,7 +56,6 @@ def _make_decode(qtype: int, repacked: bool = False):
     8·rs bytes after the first)."""
     decoder, block_bytes = DECODERS[qtype], FORMATS[qtype].type_size
     if repacked:
-        from .repack import REC, _decode as record       # here: repack -> legacy -> this module
         block_bytes = REC[qtype]
 
     @intrinsic
@@ -69,8 +69,8 @@ def _make_decode(qtype: int, repacked: bool = False):
                               for i in (1, 2, 3))
             blk = builder.add(row0_, builder.mul(b_, I64(block_bytes)))
             if repacked:
-                lo = record(builder, data(0), blk, qtype)
-                hi = record(builder, data(0), builder.add(blk, builder.mul(rs_, I64(8))), qtype)
+                lo = decode_record(builder, data(0), blk, qtype)
+                hi = decode_record(builder, data(0), builder.add(blk, builder.mul(rs_, I64(8))), qtype)
             else:
                 offs = [builder.add(blk, builder.mul(rs_, I64(r))) for r in range(ROWS)]
                 lo, hi = decoder(builder, data(0), offs[:8]), decoder(builder, data(0), offs[8:])

@@ -34,19 +34,17 @@ rows a record spans (8 here, 1 for the K-quants: a head is cut at a whole record
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from . import cpu, kquants, kquants_repack, legacy, legacy_amx
 from .checks import check_activations, frozen
 from .formats import FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-from .ir import (F16, I1, I32, I64, V8F32, V8I32, V32I8, have_vnni256, join, load_at, prefetch,
-                 vector_type)
+from .ir import I64, have_vnni256, join, prefetch
 from .legacy_ir import Decoded, emit_tile
 from .q8_act import QK8, q8_rows
+from .records import REC, decode_record
 
-REC = {qt: 8 * FORMATS[qt].type_size for qt in LEGACY}      # bytes per record
 REPACKED = {**{qt: 0x100 | qt for qt in LEGACY}, **kquants_repack.REPACKED}
 RECORD_ROWS = {**{0x100 | qt: 8 for qt in LEGACY}, **{r: 1 for r in kquants_repack.REPACKED.values()}}
 M_CHUNK = 32                     # activation rows per pass over a record (as legacy.M_CHUNK)
@@ -166,39 +164,6 @@ def _get_rows_fn(qtype: int):
     return get_rows
 
 
-# ------------------------------------------------------------------ record decoder (IR)
-
-def _f16x8_at(builder, wp, off):
-    """8 consecutive fp16 -> <8 x float> (exact)."""
-    return builder.fpext(load_at(builder, wp, off, vector_type(F16, 8)), V8F32)
-
-
-def _decode(builder, wp, off, qtype: int) -> Decoded:
-    """The record at byte ``off`` -> Decoded (legacy_ir: lane r of cols[c] = codes 4c..4c+3
-    of row r), as legacy_ir's decoders give it from the GGUF layout."""
-    fmt = FORMATS[qtype]
-    qh_at, mins, code_off = fmt.qh_offset, fmt.has_min, fmt.code_offset
-    at = lambda k: builder.add(off, I64(k))                        # noqa: E731
-    d = _f16x8_at(builder, wp, off)
-    m = _f16x8_at(builder, wp, at(16)) if mins else None
-    pos = 32 if mins else 16
-    if qtype == Q8_0:
-        return Decoded([load_at(builder, wp, at(pos + 32 * c), V8I32) for c in range(8)], code_off, d, m)
-    masks = None
-    if qh_at is not None:
-        masks = [builder.bitcast(load_at(builder, wp, at(pos + 4 * c), I32), vector_type(I1, 32)) for c in range(8)]
-        pos += 32
-    nib, four = ir.Constant(V8I32, [0x0F0F0F0F] * 8), ir.Constant(V8I32, [4] * 8)
-    vs = [load_at(builder, wp, at(pos + 32 * j), V8I32) for j in range(4)]
-    cols = [builder.and_(v, nib) for v in vs] + [builder.and_(builder.lshr(v, four), nib) for v in vs]
-    if masks is not None:                                           # bit 4 is clear: +16 sets it
-        sixteen = ir.Constant(V32I8, [16] * 32)
-        c8 = [builder.bitcast(c, V32I8) for c in cols]
-        cols = [builder.bitcast(builder.select(k, builder.add(c, sixteen), c), V8I32)
-                for k, c in zip(masks, c8)]
-    return Decoded(cols, code_off, d, m)
-
-
 PREFETCH_BYTES = 1024   # how far ahead in each record stream the tile prefetches
 # 16-row tiles for M > 1 only with 256-bit vpdpbusd (AVX2: docs/architecture.md, "Tuned constants")
 WIDE_TILES = have_vnni256()
@@ -227,7 +192,7 @@ def make_tile(qtype: int, rows: int):
             for o in offs:
                 for line in range((rec + 63) // 64):
                     prefetch(builder, builder.gep(wp, [builder.add(o, I64(PREFETCH_BYTES + 64 * line))]))
-            decs = [_decode(builder, wp, o, qtype) for o in offs]
+            decs = [decode_record(builder, wp, o, qtype) for o in offs]
             dec = decs[0]
             if rows == 16:
                 hi = decs[1]
