@@ -37,6 +37,11 @@ def warm_up(*models) -> float:
     return time.perf_counter() - t
 
 
+def prompt_ids(n: int) -> list[int]:
+    """n token ids of a synthetic prompt, the same in every benchmark's timed passes."""
+    return [(31 * i) % 1000 + 100 for i in range(n)]
+
+
 def forward_ms(model, n_rows: int, n_past: int = 128, repeats: int = 5,
                n_logits: int | None = None, last_only: bool = False) -> float:
     """Median milliseconds of one forward pass over n_rows tokens after n_past cached ones
@@ -49,7 +54,7 @@ def forward_ms(model, n_rows: int, n_past: int = 128, repeats: int = 5,
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        s.eval([(31 * i) % 1000 + 100 for i in range(n_rows)], last_only=last_only)
+        s.eval(prompt_ids(n_rows), last_only=last_only)
         times.append(time.perf_counter() - t)
         s.truncate(n_past)
     return float(np.median(times) * 1e3)

@@ -47,7 +47,7 @@ import specdec.engine.weights as weights_mod
 from specdec.kernels import cpu
 from specdec.models import llamacpp
 from specdec.frontends.bench import llamacpp_forward_ms
-from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, machine_info, warm_up, write_json
+from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, machine_info, prompt_ids, warm_up, write_json
 
 MS = (1, 2, 4, 6, 8, 9, 12, 16, 17, 32, 64)
 # int8 multiply-adds per cycle and core: 512-bit vpdpbusd (64) once a cycle; AVX2's
@@ -105,7 +105,7 @@ def pp_tok_s(model, n: int, repeats: int) -> float:
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        s.eval([(31 * i) % 1000 + 100 for i in range(n)], last_only=True)
+        s.eval(prompt_ids(n), last_only=True)
         times.append(time.perf_counter() - t)
         s.truncate(0)
     return n / float(np.median(times))
@@ -149,7 +149,7 @@ def profile_prompt(model, n: int) -> dict:
     """Seconds of one n-token prompt pass (after an untimed one) by category: how much of
     prompt processing is attention, how much the matmuls."""
     s = model.session(n + 8)
-    ids = [(31 * i) % 1000 + 100 for i in range(n)]
+    ids = prompt_ids(n)
     s.eval(ids, last_only=True)
     s.truncate(0)
     with _timed_kernels() as (spent, _):
