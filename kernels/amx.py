@@ -108,7 +108,8 @@ def tile_config(shapes: dict[int, tuple[int, int]]) -> np.ndarray:
 
 # ------------------------------------------------------------------------ intrinsics
 
-def _asm(builder, text: str, constraints: str, args: list) -> None:
+def asm(builder, text: str, constraints: str, args: list) -> None:
+    """Emit ``text`` as a side-effecting inline-assembly statement (operands args)."""
     fnty = ir.FunctionType(ir.VoidType(), [a.type for a in args])
     builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), args)
 
@@ -148,7 +149,7 @@ def _xcr0() -> int:
 def load_config(typingctx, cfg):
     """ldtilecfg from cfg (uint8[64], tile_config)."""
     def codegen(context, builder, sig, args):
-        _asm(builder, "ldtilecfg ($0)", "r,~{memory}", [_ptr(context, builder, sig, args, 0)])
+        asm(builder, "ldtilecfg ($0)", "r,~{memory}", [_ptr(context, builder, sig, args, 0)])
         return context.get_dummy_value()
     return types.void(cfg), codegen
 
@@ -157,7 +158,7 @@ def load_config(typingctx, cfg):
 def release(typingctx):
     """tilerelease: the tiles back to their initial state (the thread's work is done)."""
     def codegen(context, builder, sig, args):
-        _asm(builder, "tilerelease", "~{memory}", [])
+        asm(builder, "tilerelease", "~{memory}", [])
         return context.get_dummy_value()
     return types.void(), codegen
 
@@ -169,7 +170,7 @@ def _tile_codegen(text: str, n_arrays: int):
         for j in range(n_arrays):
             vals += [_ptr(context, builder, sig, args, 3 * j, 3 * j + 1),
                      context.cast(builder, args[3 * j + 2], sig.args[3 * j + 2], types.int64)]
-        _asm(builder, text, ",".join(["r"] * len(vals) + ["~{memory}"]), vals)
+        asm(builder, text, ",".join(["r"] * len(vals) + ["~{memory}"]), vals)
         return context.get_dummy_value()
     return codegen
 

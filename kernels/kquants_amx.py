@@ -113,7 +113,7 @@ _DOT = ("tileloadd ($0,$1,1), %tmm1\n\ttileloadd ($2,$3,1), %tmm2\n\ttilezero %t
 def _emit_dot(builder, a, b, c) -> None:
     """C (i8* c, 16 rows of 64 bytes) = A (i8* a: 16 weight rows of one group's 16 codes,
     256 bytes apart) · B (i8* b: 4 rows of 64 bytes), ``tdpbusd`` (unsigned A, signed B)."""
-    amx._asm(builder, _DOT, "r,r,r,r,r,r,~{memory}", [a, I64(256), b, I64(64), c, I64(64)])
+    amx.asm(builder, _DOT, "r,r,r,r,r,r,~{memory}", [a, I64(256), b, I64(64), c, I64(64)])
 
 
 @intrinsic

@@ -180,14 +180,7 @@ def _make_driver(qtype: int, repacked: bool = False):
     return driver
 
 
-_DRIVERS = {(qt, False): _make_driver(qt) for qt in LEGACY}
-
-
-def _driver(qtype: int, repacked: bool):
-    """The driver for w's layout (the repacked records' built on first use)."""
-    if (qtype, repacked) not in _DRIVERS:
-        _DRIVERS[qtype, repacked] = _make_driver(qtype, repacked)
-    return _DRIVERS[qtype, repacked]
+_DRIVERS = {(qt, rep): _make_driver(qt, rep) for qt in LEGACY for rep in (False, True)}
 
 
 def matmul(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, vnni_matmul,
@@ -205,8 +198,8 @@ def matmul(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, vnni_matmu
         xq = np.concatenate([xq, np.zeros((mp - m_rows, xq.shape[1]), np.int8)])
     n_full = w.shape[0] // ROWS * ROWS
     if n_full:
-        _driver(qtype, repacked)(CONFIG, w, xq, xsum, xd, xs, m_rows, out,
-                                 max(1, min(get_num_threads(), n_full // ROWS)))
+        _DRIVERS[qtype, repacked](CONFIG, w, xq, xsum, xd, xs, m_rows, out,
+                                  max(1, min(get_num_threads(), n_full // ROWS)))
     if n_full < w.shape[0]:
         tail = np.empty((m_rows, w.shape[0] - n_full), np.float32)
         vnni_matmul(qtype, w[n_full:], x, tail)
