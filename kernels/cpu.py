@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from numba.core import config
 from numba.core.codegen import get_host_cpu_features
 
-from . import amx
+from . import amx, threads
 from .ir import cpu_features, have_avx2, have_f16c, have_vnni256, have_vnni512
 
 KERNELS_ENV = "SPECDEC_KERNELS"
@@ -130,6 +130,7 @@ def force_path(env: dict | None = None) -> str | None:
 def check_path() -> None:
     """ValueError (one line) when SPECDEC_KERNELS names a path this host cannot run (for
     amx: also when the OS or the process's permission stands in the way, amx.status())."""
+    threads.check()                        # SPECDEC_THREADING names a layer
     if "error" in _forced:
         raise ValueError(_forced["error"])
     if _forced.get("path") == "amx" and not amx.available():
@@ -169,7 +170,8 @@ def describe() -> dict:
     c = host()
     return {"cpu": c.model_name, "cpu_vendor": c.vendor, "cpu_family": c.family, "cpu_model": c.model,
             "cpu_stepping": c.stepping, "cpu_microarchitecture": c.microarchitecture,
-            "cpu_simd": list(c.simd), "cpu_flags": list(c.flags), "kernel_paths": kernel_paths()}
+            "cpu_simd": list(c.simd), "cpu_flags": list(c.flags), "kernel_paths": kernel_paths(),
+            **threads.describe()}
 
 
 # The verify-cost prior: what an extra verification row costs relative to a one-row pass, per

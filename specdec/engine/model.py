@@ -24,6 +24,7 @@ from .config import ROPE_NEOX, ModelConfig
 from ..errors import ConfigError, NumericalError
 from ..generation.interfaces import Session
 from .kv_cache import KVCache
+from .threads import GOVERNOR
 from .weights import Layer, Linear, Weights
 
 UBATCH = 128       # rows per pass of a long prompt (docs/architecture.md, "Tuned constants")
@@ -260,6 +261,7 @@ class ModelSession(Session):
             bias=None if out.bias is None else out.bias[:n_rows])
 
     n_vocab = property(lambda self: self.cfg.n_vocab)
+    _key = property(lambda self: (self.source, id(self.weights)))    # the governor's kind of pass
     n_ctx = property(lambda self: self.cache.n_ctx)
     n_past = property(lambda self: self.cache.n_past)
 
@@ -267,8 +269,8 @@ class ModelSession(Session):
         tokens = self._checked(tokens)
         self._tree = None
         start = self.cache.n_past
-        logits = self._trim(forward(self.cfg, self.weights, self.cache, tokens, start, last_only,
-                                    self._head))
+        logits = self._trim(GOVERNOR.run(self._key, len(tokens), lambda: forward(
+            self.cfg, self.weights, self.cache, tokens, start, last_only, self._head)))
         _check_finite([self], [start], [logits])
         return logits
 
@@ -287,7 +289,8 @@ class ModelSession(Session):
         if parents.shape != tokens.shape:
             raise ValueError(f"eval_tree: {len(parents)} parents for {len(tokens)} tokens")
         start = self.cache.n_past
-        logits = self._trim(forward_tree(self.cfg, self.weights, self.cache, tokens, parents, self._head))
+        logits = self._trim(GOVERNOR.run(self._key, len(tokens), lambda: forward_tree(
+            self.cfg, self.weights, self.cache, tokens, parents, self._head)))
         self._tree = None
         _check_finite([self], [start], [logits])
         self._tree = (start, tuple(int(a) for a in parents))
@@ -344,8 +347,8 @@ def eval_batch(sessions, token_lists, last_only: bool | Sequence[bool] = False) 
         raise ValueError("eval_batch: the sessions must share one model's weights and n_logits")
     toks = [s._checked(t) for s, t in zip(sessions, token_lists)]
     starts = [s.n_past for s in sessions]
-    out = forward_batch(s0.cfg, s0.weights, [(s.cache, t, lo) for s, t, lo in zip(sessions, toks, last)],
-                        s0._head)
+    out = GOVERNOR.run(s0._key, sum(map(len, toks)), lambda: forward_batch(
+        s0.cfg, s0.weights, [(s.cache, t, lo) for s, t, lo in zip(sessions, toks, last)], s0._head))
     out = [s0._trim(lg) for lg in out]
     _check_finite(sessions, starts, out)
     return out

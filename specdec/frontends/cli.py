@@ -147,8 +147,8 @@ def _load_models(a):
 
 
 def _set_threads(n: int) -> None:
-    import numba
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    from ..engine.threads import set_threads
+    set_threads(n)                          # -t N: fixed; unset, chosen per pass (engine/threads.py)
 
 
 def cmd_run(a) -> int:
@@ -382,12 +382,24 @@ def cmd_info(a) -> int:
     if cfg.sliding_window:
         print(f"sliding window: {cfg.sliding_window} tokens on 5 of every {cfg.swa_period} layers "
               f"(local RoPE base {cfg.rope_base_local:g})")
+    print(f"runtime:       {_runtime()}")
     print(f"tokenizer:     {tok.vocab_type} ({gf.get('tokenizer.ggml.model')}, pre {tok.pre!r}), "
           f"{tok.n_vocab} tokens, BOS {tok.bos_id} (add: {tok.add_bos}), EOS {tok.eos_id}")
     print("tensor types:")
     for name, nbytes in by_type.most_common():
         print(f"  {name:6s} {count[name]:5d} tensors {nbytes / 1e6:10.1f} MB")
     return 0
+
+
+def _runtime() -> str:
+    """The parallel runtime in one line: Numba's threading layer and how threads are chosen."""
+    import numba
+    from ..engine.threads import describe
+    from ..kernels import threads
+    layer = threads.describe()
+    note = f" ({layer['threading_note']})" if "threading_note" in layer else ""
+    return (f"threading layer {layer['threading_asked']}{note}, {describe()['threads_mode']} threads "
+            f"of {numba.config.NUMBA_NUM_THREADS} (-t N fixes them; SPECDEC_THREADING picks the layer)")
 
 
 def _prod(dims) -> int:

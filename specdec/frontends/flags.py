@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1, help="best of R runs each (default: 1)")
     p.add_argument("--no-decode", action="store_true", help="skip the decode benchmark")
     p.add_argument("--no-speculative", action="store_true", help="skip the speculative benchmark")
-    p.add_argument("-t", "--threads", type=int, default=0, help="Numba threads (default: all cores)")
+    p.add_argument("-t", "--threads", type=int, default=0, help="threads per forward pass (default: chosen per pass by measurement, "
+                   "up to all cores; docs/robustness.md)")
     p.add_argument("--no-mmap", action="store_true",
                    help="read the model files into memory (llama.cpp too; default: specdec's own choice, "
                         "which llama.cpp then follows)")
