@@ -6,7 +6,8 @@ be faster than all of them (docs/robustness.md, "Sharing the machine").  No sett
 for both, and the neighbour comes and goes, so the count is measured: each kind of pass (one
 model's weights, a bucket of row counts) keeps a running mean of its time per thread count,
 runs on the fastest, and now and then re-times another count — often after a change, seldom
-while the choice holds (the interval doubles up to MAX_INTERVAL passes).  A prompt's passes
+while the choice holds (the interval doubles up to MAX_INTERVAL passes); a model's busiest
+kind of pass decides for all its passes.  A prompt's passes
 (more than BIG_PASS rows) are too long to re-time on a slower count: they run on the count
 chosen for the same model's small passes.
 
@@ -62,6 +63,9 @@ class PassKind:
 
     current = property(lambda self: self.choice or self.counts[0])
 
+    def n_timed(self) -> int:
+        return sum(self.seen.values())
+
     def record(self, n: int, seconds: float) -> None:
         """One pass on n threads took `seconds`: the choice's mean moves by ALPHA, another
         count's time is replaced (what it cost a while ago says little now)."""
@@ -88,7 +92,7 @@ class Governor:
     def __init__(self) -> None:
         self.fixed = 0                          # -t N; 0: adaptive
         self.adaptive = os.environ.get(ADAPTIVE_ENV, "1").strip() not in ("0", "false", "no")
-        self.kinds: dict[tuple, PassKind] = {}
+        self.kinds: dict[tuple, dict[int, PassKind]] = {}      # model -> row bucket -> times
         self._lock = threading.Lock()
 
     def counts(self) -> tuple[int, ...]:
@@ -97,35 +101,39 @@ class Governor:
         return tuple(sorted({n, max(1, n // 2), 1}, reverse=True))
 
     def run(self, key, n_rows: int, fn):
-        """fn() on the thread count chosen for (key, n_rows), timed; returns fn's result."""
+        """fn() on the thread count chosen for this model's passes, timed; returns fn's result.
+
+        Every kind of pass (row bucket) of a model keeps its times, but the model's busiest
+        kind (most passes timed) decides for all: it alone re-times other counts, so a kind
+        that runs rarely neither decides on a few noisy first passes nor pays for probes.  A
+        kind that becomes the busiest times every count twice first."""
         import numba
         if self.fixed or not self.adaptive:
             numba.set_num_threads(self.fixed or numba.config.NUMBA_NUM_THREADS)
             return fn()
-        kind_key = (key, row_bucket(n_rows))
-        if kind_key[1] > BIG_PASS:          # a prompt's pass: too long to re-time on another count
-            with self._lock:
-                small = [v for (k, b), v in self.kinds.items() if k == key and b <= BIG_PASS]
-            numba.set_num_threads(max(small, key=lambda v: sum(v.seen.values())).current if small
-                                  else numba.config.NUMBA_NUM_THREADS)
-            return fn()
+        bucket = row_bucket(n_rows)
         with self._lock:
-            kind = self.kinds.get(kind_key)
-            if kind is None:
-                kind = self.kinds[kind_key] = PassKind(self.counts())
-            n = kind.pick()
+            kinds = self.kinds.setdefault(key, {})
+            leader = max(kinds.values(), key=PassKind.n_timed, default=None)
+            if bucket > BIG_PASS:           # a prompt's pass: too long to time on another count
+                kind, n = None, leader.current if leader else numba.config.NUMBA_NUM_THREADS
+            else:
+                kind = kinds.setdefault(bucket, PassKind(self.counts()))
+                n = kind.pick() if leader is None or kind is leader else leader.current
         numba.set_num_threads(n)
         t = time.perf_counter()
         out = fn()
-        with self._lock:
-            kind.record(n, time.perf_counter() - t)
+        if kind is not None:
+            with self._lock:
+                kind.record(n, time.perf_counter() - t)
         return out
 
     def describe(self) -> dict:
         mode = f"fixed {self.fixed}" if self.fixed else ("adaptive" if self.adaptive else "all threads")
         with self._lock:
-            kinds = {f"{k[0][0]}/{k[1]} rows": {"choice": v.current, "ms": {c: round(s * 1e3, 2) for c, s in v.mean.items()}}
-                     for k, v in self.kinds.items()}
+            kinds = {f"{k[0]}/{b} rows": {"choice": v.current, "passes": v.n_timed(),
+                                          "ms": {c: round(s * 1e3, 2) for c, s in v.mean.items()}}
+                     for k, by in self.kinds.items() for b, v in by.items()}
         return {"threads_mode": mode, "passes": kinds}
 
 

@@ -43,6 +43,22 @@ def test_governor_runs_the_faster_count_and_follows_a_change():
     assert back.index(2) <= 2 * MAX_INTERVAL and back[-100:].count(2) >= 97
 
 
+def test_a_models_busiest_kind_of_pass_decides_for_all():
+    import numba
+    from specdec.engine.threads import Governor
+    gov, key, ran = Governor(), ("m", 1), []
+    cores = numba.config.NUMBA_NUM_THREADS
+    for _ in range(40):                                  # decode steps: one row each
+        gov.run(key, 1, lambda: ran.append(numba.get_num_threads()))
+    leader = gov.kinds[key][1]
+    for rows in (3, 9, 200):                             # rarer kinds and a prompt pass follow it
+        gov.run(key, rows, lambda: ran.append(numba.get_num_threads()))
+        assert ran[-1] == leader.current
+    assert gov.kinds[key][4].n_timed() == 1 and 256 not in gov.kinds[key]
+    assert set(ran) <= {cores, max(1, cores // 2), 1}
+    numba.set_num_threads(cores)
+
+
 def test_fixed_threads_turn_the_governor_off():
     import numba
     seen = []
