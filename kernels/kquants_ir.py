@@ -435,8 +435,8 @@ _chunk_q4_k_r, _chunk_q5_k_r, _chunk_q6_k_r = (
 
 # ------------------------------------------------------------------------------ drivers
 # matmul_<fmt>(w, xq, xd, xbs, out, n_chunks): out (M, N) = x · Wᵀ from Q8_K
-# activations, prange over n_chunks contiguous chunks of output rows.  One driver per format: Numba caches a function per
-# definition, so the kernel is a global constant, not an argument; the drivers live in
+# activations, prange over n_chunks contiguous chunks of output rows.  One driver per format: Numba caches a
+# function per definition, so the kernel is a global constant, not an argument; the drivers live in
 # this file so that an edit of the IR above invalidates their cache.
 
 @njit(cache=True, nogil=True, parallel=True)

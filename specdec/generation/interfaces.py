@@ -18,7 +18,8 @@ from typing import Callable, Generator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-OnToken = Callable[[int, str], None]   # (token_id, kind); kind: 'sampled' | 'accepted' | 'predicted' | 'correction' | 'bonus'
+# (token_id, kind); kind: 'sampled' | 'accepted' | 'predicted' | 'correction' | 'bonus'
+OnToken = Callable[[int, str], None]
 #   ('predicted': an accepted draft token that came from the user's prediction)
 
 

@@ -49,8 +49,8 @@ from .verify import VerifyResult, verify
 
 TREE_K_MAX = 8          # most branches of --draft-tree
 
-__all__ = ["DRAFT_N_MAX", "TREE_K_MAX", "check_tree_k", "DrafterStats", "SpecStats", "check_draft_n", "generate_speculative",
-           "spec_stats", "speculative_steps"]
+__all__ = ["DRAFT_N_MAX", "TREE_K_MAX", "check_tree_k", "DrafterStats", "SpecStats", "check_draft_n",
+           "generate_speculative", "spec_stats", "speculative_steps"]
 
 
 def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[int],

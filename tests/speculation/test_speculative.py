@@ -64,7 +64,7 @@ def test_verify_emits_exactly_p_whatever_q(rows):
 
     law = enumerate_outcomes(run)
     first = Counter()
-    for (tok, acc), pr in law.items():
+    for (tok, _acc), pr in law.items():
         first[tok] += pr
     for y in range(len(p0)):
         assert abs(first[y] - p0[y]) < 1e-12
