@@ -14,7 +14,7 @@ fused multiply-add) —
 — only sixteen values at a time (a 16-byte load widened to 16 int32 lanes, the nibble or bit
 fields shifted and masked per lane, converted and scaled), and each chunk goes straight into
 the 32 float32 lanes of every activation row (two vectors per row, in registers): lane l adds
-w[i]·x[i] for i ≡ l (mod 32), fmul then fadd, and the lanes fold as legacy.dot32_lanes folds
+w[i]·x[i] for i ≡ l (mod 32), fmul then fadd, and the lanes fold as legacy_ir.dot32_lanes folds
 them.  So out[m, n] is bitwise the float32 dot of the dequantized row with x[m] in
 dot32_lanes' order, whatever M is (float_act.py runs more rows in passes of MAX_FUSED_M, and
 Q2_K / Q3_K, which have no decoder here, through a dequantized row buffer and dot32_lanes).
@@ -41,7 +41,7 @@ class _Row:
     to ``emit(y, off, vals)`` (values y + off … y + off + 15 of the row), which multiplies
     them by the same 16 values of every activation row m and adds them to m's lanes — lane l
     of the 32 (two vectors of 16) takes the values i ≡ l (mod 32), fmul then fadd, as
-    legacy.dot32_lanes does."""
+    legacy_ir.dot32_lanes does."""
 
     def __init__(self, builder, f16c: bool, row, x, k, accs):
         self.b, self.f16c, self.row = builder, f16c, row
@@ -169,7 +169,7 @@ def _q6_k(r: _Row, o, y):
 
 
 def _fold32(builder, lo, hi):
-    """The 32 lanes (lo: 0-15, hi: 16-31) summed as legacy.dot32_lanes folds them:
+    """The 32 lanes (lo: 0-15, hi: 16-31) summed as legacy_ir.dot32_lanes folds them:
     v[j] = (l[j] + l[j+8]) + (l[j+16] + l[j+24]), then ((v0+v1)+(v2+v3)) + ((v4+v5)+(v6+v7))."""
     def half(v, h):
         return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 8), list(range(8 * h, 8 * h + 8))))
@@ -191,7 +191,7 @@ PREFETCH_BYTES = 2048   # how far ahead in its rows' byte stream each block pref
 
 def make_rows_dot(qtype: int, f16c: bool | None = None):
     """-> intrinsic ``rows_dot(w, x, out, c, n_chunks)``: out[m, n] = the float32 dot of row n
-    of w, dequantized, with x[m] (32 lanes, legacy.dot32_lanes' order and fold: bitwise what
+    of w, dequantized, with x[m] (32 lanes, legacy_ir.dot32_lanes' order and fold: bitwise what
     dequant_row + dot32_lanes give), for the rows n of chunk c of n_chunks and all
     M <= MAX_FUSED_M rows of x (float32 (M, K)); nothing is written to memory but out."""
     qk, nbytes, block = FORMATS[qtype].block_size, FORMATS[qtype].type_size, DECODERS[qtype]
