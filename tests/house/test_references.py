@@ -1,7 +1,8 @@
 """Every reference the prose makes exists: repository paths (``specdec/engine/model.py``,
 ``benchmarks/results/amd/``), markdown links, full dotted names (``specdec.api.Model``) and
 ``module.name`` pairs whose module is one of ours (``legacy_ir.dot32_lanes``), in README.md,
-docs/*.md, tests/README.md and the docstrings of specdec/, kernels/, benchmarks/ and tests/.
+CONTRIBUTING.md, docs/*.md, tests/README.md and the docstrings of specdec/, kernels/,
+benchmarks/, tests/ and docs/.
 
 Dotted names resolve by import and attribute lookup; a ``module.name`` pair needs ``name``
 defined in that module (an import there does not count, except in a package's __init__, which
@@ -22,8 +23,9 @@ from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", ROOT / "tests" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-CODE = [p for d in ("specdec", "kernels", "benchmarks", "tests") for p in sorted((ROOT / d).rglob("*.py"))]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "tests" / "README.md",
+        *sorted((ROOT / "docs").glob("*.md"))]
+CODE = [p for d in ("specdec", "kernels", "benchmarks", "tests", "docs") for p in sorted((ROOT / d).rglob("*.py"))]
 TOP = ("specdec", "kernels", "tests", "benchmarks", "docs", "examples", ".ci")
 PATH = re.compile(r"(?<![\w./~$-])((?:%s)/[\w./*-]*[\w*/])" % "|".join(re.escape(t) for t in TOP))
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
