@@ -2,7 +2,7 @@
 ``benchmarks/results/amd/``), markdown links, full dotted names (``specdec.api.Model``) and
 ``module.name`` pairs whose module is one of ours (``legacy_ir.dot32_lanes``), in README.md,
 CONTRIBUTING.md, docs/*.md, tests/README.md and the docstrings of specdec/, kernels/,
-benchmarks/, tests/ and docs/.
+benchmarks/, tests/ and docs/, and their comments.
 
 Dotted names resolve by import and attribute lookup; a ``module.name`` pair needs ``name``
 defined in that module (an import there does not count, except in a package's __init__, which
@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import io
 import re
+import tokenize
 from functools import lru_cache
 from pathlib import Path
 
@@ -51,7 +53,7 @@ def tree(p: Path) -> ast.Module:
 
 @lru_cache(maxsize=None)
 def texts() -> list[tuple[Path, int, str]]:
-    """(file, line, text) of every markdown file and every docstring."""
+    """(file, line, text) of every markdown file, every docstring and every comment."""
     out = [(p, 1, p.read_text(encoding="utf-8")) for p in DOCS]
     for p in CODE:
         for node in ast.walk(tree(p)):
@@ -59,6 +61,9 @@ def texts() -> list[tuple[Path, int, str]]:
                 doc = ast.get_docstring(node, clean=False)
                 if doc and node.body:
                     out.append((p, node.body[0].lineno, doc))
+        for tok in tokenize.generate_tokens(io.StringIO(p.read_text(encoding="utf-8")).readline):
+            if tok.type == tokenize.COMMENT:
+                out.append((p, tok.start[0], tok.string))
     return out
 
 
