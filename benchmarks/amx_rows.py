@@ -63,7 +63,8 @@ for _ in range(max(3, reps // 3)):
     s.eval(prompt_ids(512), last_only=True)
     pp.append(time.perf_counter() - t)
     s.truncate(0)
-row = {"path": cpu.path(), "forward_ms": {str(m): round(forward_ms(model, m, repeats=reps), 3) for m in (1, 9, 16, 32, 64, 128)},
+row = {"path": cpu.path(),
+       "forward_ms": {str(m): round(forward_ms(model, m, repeats=reps), 3) for m in (1, 9, 16, 32, 64, 128)},
        "pp512_ms": round(float(np.median(pp)) * 1e3, 1), "pp512_tok_s": round(512 / float(np.median(pp)), 1)}
 print(json.dumps(row))
 """

@@ -165,7 +165,7 @@ def main() -> None:
     runs: dict = {"plain": []}
     runs.update({f"{n}/{v or 'all'}": [] for n, v in cells})
     identical = True
-    for i, rec in enumerate(prompts):
+    for rec in prompts:
         plain = target.generate(rec["prompt"], n_predict=a.n_predict)
         runs["plain"].append(completion_row(plain))
         print(f"{rec['id']:14s} plain {plain.timings.tokens_per_s:6.2f} tok/s", flush=True)

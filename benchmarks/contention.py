@@ -179,9 +179,9 @@ def main(argv=None) -> None:
             r["rounds_tok_s"] = [x["decode_tok_s"] for rs in rounds[name] for x in rs if x["busy"] == r["busy"]]
         kept(rows)
         result["specdec"][name] = rows
-        print(f"{name:14s} " + "  ".join(f"busy {r['busy']}: {r['decode_tok_s']:.1f} tok/s ({r.get('decode_kept', 0):.2f})"
-                                         + (f" spec {r['spec_speedup']:.2f}x" if "spec_speedup" in r else "")
-                                         for r in rows), flush=True)
+        print(f"{name:14s} " + "  ".join(
+            f"busy {r['busy']}: {r['decode_tok_s']:.1f} tok/s ({r.get('decode_kept', 0):.2f})"
+            + (f" spec {r['spec_speedup']:.2f}x" if "spec_speedup" in r else "") for r in rows), flush=True)
     result["llamacpp"] = llamacpp(a.busy, a.n_predict)
     kept(result["llamacpp"])
     print("llama.cpp      " + "  ".join(f"busy {r['busy']}: {r['decode_tok_s']:.1f} ({r.get('decode_kept', 0):.2f})"

@@ -29,7 +29,8 @@ def main(argv=None) -> None:
     ap.add_argument("--mmap", action="store_true", help="map the model files (both engines; default: "
                     "specdec's default load, in memory where the file fits)")
     a = ap.parse_args(argv)
-    result = bench_decode(a.models, Path(a.out), repeats=a.repeats, mmap=False if a.no_mmap else (True if a.mmap else None))
+    result = bench_decode(a.models, Path(a.out), repeats=a.repeats,
+                          mmap=False if a.no_mmap else (True if a.mmap else None))
     plot_decode(result, Path(a.out) / "decode.png")
     rows = result["results"]
     print(f"{'model':38s} {'pp64':>8s} {'(llama)':>8s} {'tg64':>8s} {'(llama)':>8s} {'GB/s':>6s}")

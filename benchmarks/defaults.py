@@ -140,7 +140,8 @@ def main(argv=None) -> None:
     write_json(Path(a.out) / "defaults.json", result)
     for kind, s in summary.items():
         print(f"{kind:14s} " + "  ".join(f"{n} {v['tok_s']:.1f} tok/s"
-                                         + (f" {v['speedup']:.2f}x (min {v['min_speedup']:.2f}x)" if "speedup" in v else "")
+                                         + (f" {v['speedup']:.2f}x (min {v['min_speedup']:.2f}x)"
+                                            if "speedup" in v else "")
                                          for n, v in s.items()))
 
 

@@ -138,7 +138,7 @@ def run_set(target, draft, set_name: str, a) -> dict:
                                   "ids": list(ids_by_config[a.configs[0]])}
     summary = {c: aggregate(r) for c, r in rows.items()}
     base = summary.get("plain", {}).get("tok_s")
-    for c, s in summary.items():
+    for s in summary.values():
         s["speedup"] = round(s["tok_s"] / base, 3) if base else None
     return {"prompts": [p["id"] for p in prompts], "summary": summary, "runs": rows,
             "greedy_outputs_identical": identical if a.temp == 0.0 else None,

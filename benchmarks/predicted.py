@@ -74,7 +74,8 @@ def summarize(runs: list[dict], names) -> dict:
         out[kind] = {}
         for name in names:
             cs = [r["configs"][name] for r in rs]
-            s = {"wall_s": round(sum(c["wall_s"] for c in cs), 3), "all_same_ids": all(c.get("same_ids", True) for c in cs)}
+            s = {"wall_s": round(sum(c["wall_s"] for c in cs), 3),
+                 "all_same_ids": all(c.get("same_ids", True) for c in cs)}
             if name != "plain":
                 sp = [c["speedup"] for c in cs]
                 dec = [x["configs"]["plain"]["decode_s"] / max(c["decode_s"], 1e-9) for x, c in zip(rs, cs)]
@@ -84,7 +85,8 @@ def summarize(runs: list[dict], names) -> dict:
             if "tokens_per_step" in cs[0]:
                 steps = sum(c["n_steps"] for c in cs)
                 s.update(tokens_per_pass=round(sum(c["n_tokens"] for c in cs) / steps, 3),
-                         acceptance=round(sum(c["n_accepted"] for c in cs) / max(1, sum(c["n_drafted"] for c in cs)), 4))
+                         acceptance=round(sum(c["n_accepted"] for c in cs)
+                                          / max(1, sum(c["n_drafted"] for c in cs)), 4))
             out[kind][name] = s
         pl, lk = out[kind]["plain"] if "plain" in out[kind] else None, out[kind].get("prompt lookup")
         for name in ("prediction", "prediction + draft model"):

@@ -27,7 +27,8 @@ PROMPT = [3, 17, 4, 40, 22, 9, 9, 31, 0, 45, 12, 7, 30, 2, 44, 5, 19, 26, 8, 1]
 N_GREEDY = 24
 F32, Q8_0 = 0, 8
 SPECS = {   # name -> TinySpec; 4 layers so that smollm3 has a layer without RoPE
-    f"{arch}-{'f32' if qt == F32 else 'q8_0'}": TinySpec(arch=arch, n_layer=4, qtype=qt, seed=21, n_ctx=256, n_vocab=64, merges=("a a",),
+    f"{arch}-{'f32' if qt == F32 else 'q8_0'}": TinySpec(arch=arch, n_layer=4, qtype=qt, seed=21, n_ctx=256, n_vocab=64,
+                                                          merges=("a a",),
                                                           rope_freqs=arch == "llama")
     for arch in ("llama", "mistral3", "qwen2", "qwen3", "phi3", "smollm3", "gemma3") for qt in (F32, Q8_0)
 }

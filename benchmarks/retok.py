@@ -81,7 +81,8 @@ def main(argv=None) -> None:
               "warm_up_s": round(warm_s, 2), "summary": summary, "runs": runs}
     write_json(Path(a.out) / "retok.json", result)
     for name, s in summary.items():
-        print(f"{name:14s} {s['tok_s']:.1f} tok/s" + (f", acceptance {s['acceptance']:.2f}" if "acceptance" in s else "")
+        print(f"{name:14s} {s['tok_s']:.1f} tok/s"
+              + (f", acceptance {s['acceptance']:.2f}" if "acceptance" in s else "")
               + (f", {s['speedup']:.2f}x (min {s['min_speedup']:.2f}x), same ids: {s['all_same_ids']}"
                  if "speedup" in s else ""))
 

@@ -450,7 +450,8 @@ def print_table(result: dict) -> None:
         if "levels" not in r:
             print(f"{c:24s} {r.get('error', '')[:100]}")
             continue
-        cells = {lv["concurrency"]: f"{lv['aggregate_tok_s']:6.2f} {lv['p50_latency_s']:5.1f}/{lv['p95_latency_s']:5.1f}"
+        cells = {lv["concurrency"]:
+                 f"{lv['aggregate_tok_s']:6.2f} {lv['p50_latency_s']:5.1f}/{lv['p95_latency_s']:5.1f}"
                  for lv in r["levels"]}
         print(f"{c:24s} " + " ".join(f"{cells.get(k, '-'):>20s}" for k in concs))
     for rc, m in (result.get("specdec_run") or {}).items():

@@ -170,7 +170,8 @@ def summarize(rows: dict[str, list[dict]]) -> dict:
             drafted, acc = sum(r["drafted"] for r in mine), sum(r["accepted"] for r in mine)
             per[g] = {"speedup": round(sum(r["wall_s"] for r in ref) / wall, 3) if ref else None,
                       "speedup_decode": round(sum(r["decode_s"] for r in ref) / dec, 3) if ref and dec else None,
-                      "tau": round(toks / max(passes, 1), 3), "acceptance": round(acc / drafted, 3) if drafted else None,
+                      "tau": round(toks / max(passes, 1), 3),
+                      "acceptance": round(acc / drafted, 3) if drafted else None,
                       "tok_s": round(toks / dec, 2) if dec else None,
                       "identical": (all(a["text"] == b["text"] for a, b in zip(mine, ref)) if ref else None)}
         out[method] = per

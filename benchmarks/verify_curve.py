@@ -55,7 +55,8 @@ MS = (1, 2, 4, 6, 8, 9, 12, 16, 17, 32, 64)
 PEAK_MAC_PER_CYCLE = {"amx": 1024, "vnni": 64, "avx2": 32, "portable": 8}
 CATEGORY = {"matmul": "matmuls", "matmul_q8k": "matmuls", "attention": "attention",
             "rms_norm": "norms/rope/act", "rms_norm_heads": "norms/rope/act",
-            "rope_apply": "norms/rope/act", "rope_cos_sin": "norms/rope/act", "swiglu": "norms/rope/act", "geglu": "norms/rope/act",
+            "rope_apply": "norms/rope/act", "rope_cos_sin": "norms/rope/act", "swiglu": "norms/rope/act",
+            "geglu": "norms/rope/act",
             "get_rows": "embedding", "store": "kv store"}
 
 
@@ -289,7 +290,7 @@ def main(argv=None) -> None:
     runs = {cpu.path(): [measure(mid, a) for mid in a.models]}
     for p in paths:
         runs[p] = _child(p, a)
-    for i, mid in enumerate(a.models):
+    for i in range(len(a.models)):
         r = dict(runs[cpu.path()][i])
         r["paths"] = {p: {k: runs[p][i][k] for k in ("curve", "peak_fraction", "pp_tok_s")} for p in runs}
         lc = llamacpp_section(r["file"], a)

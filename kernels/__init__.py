@@ -6,9 +6,10 @@ this folder).  Every kernel is ``@njit(cache=True, nogil=True)``; the matmul ker
 
 Modules: formats (the table of GGML format facts), ir (the LLVM IR helpers of the ``*_ir.py``
 files), legacy / legacy_ir / repack (Q4_0 … Q8_0, F32, F16, BF16), kquants / kquants_ir /
-kquants_dequant / kquants_repack / q8k (K-quants), float_act / dequant_ir (float activations), q8_act (Q8_0 /
+kquants_dequant / kquants_repack / q8k (K-quants), float_act / dequant_ir (float activations; dequant_ir's
+block decoders also serve the row lookup), q8_act (Q8_0 /
 Q8_1 activations), attention / attention_ir / attention_tree (the tree mask), ops (norms,
-RoPE, activations), threads (Numba's threading layer), arrays (argument checks).
+RoPE, activations), threads (Numba's threading layer), checks (argument checks).
 
 Contract of the quantized matmul kernels (``matmul``):
     w    the raw tensor data exactly as stored in the GGUF file, zero-copy:

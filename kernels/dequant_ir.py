@@ -14,13 +14,17 @@ fused multiply-add) —
 — only sixteen values at a time (a 16-byte load widened to 16 int32 lanes, the nibble or bit
 fields shifted and masked per lane, converted and scaled), and each chunk goes straight into
 the 32 float32 lanes of every activation row (two vectors per row, in registers): lane l adds
-w[i]·x[i] for i ≡ l (mod 32), fmul then fadd, and the lanes fold as legacy.dot32_lanes folds
+w[i]·x[i] for i ≡ l (mod 32), fmul then fadd, and the lanes fold as legacy_ir.dot32_lanes folds
 them.  So out[m, n] is bitwise the float32 dot of the dequantized row with x[m] in
 dot32_lanes' order, whatever M is (float_act.py runs more rows in passes of MAX_FUSED_M, and
 Q2_K / Q3_K, which have no decoder here, through a dequantized row buffer and dot32_lanes).
 Each thread walks its contiguous rows front to back and prefetches PREFETCH_BYTES ahead: the
 decode is compute-heavy enough that, without it, the weights' memory latency goes unhidden
 (docs/architecture.md, "Tuned constants", has the measurements behind both constants).
+
+``GET_ROWS_DEQUANT[qtype](w, ids, out)``: the same block decoders writing the values to out
+(float32 (M, K)) instead: the row lookup (embeddings) of these formats, so that each format's
+bits are decoded to floats in one place.
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ class _Row:
     to ``emit(y, off, vals)`` (values y + off … y + off + 15 of the row), which multiplies
     them by the same 16 values of every activation row m and adds them to m's lanes — lane l
     of the 32 (two vectors of 16) takes the values i ≡ l (mod 32), fmul then fadd, as
-    legacy.dot32_lanes does."""
+    legacy_ir.dot32_lanes does."""
 
     def __init__(self, builder, f16c: bool, row, x, k, accs):
         self.b, self.f16c, self.row = builder, f16c, row
@@ -94,6 +98,18 @@ class _Row:
             xp = b.bitcast(b.gep(self.x, [i], source_etype=F32), V16F32.as_pointer())
             slot = pair[(off // 16) % 2]                # y is a multiple of 32
             b.store(b.fadd(b.load(slot), b.fmul(vals, b.load(xp, align=4))), slot)
+
+
+class _Store(_Row):
+    """A row decoded into memory: ``emit`` writes the 16 values to dst[y + off …]."""
+
+    def __init__(self, builder, f16c: bool, row, dst):
+        super().__init__(builder, f16c, row, None, None, ())
+        self.dst = dst
+
+    def emit(self, y, off: int, vals):
+        p = self.b.gep(self.dst, [self.at(y, off)], source_etype=F32)
+        self.b.store(vals, self.b.bitcast(p, V16F32.as_pointer()), align=4)
 
 
 # ------------------------------------------------------------------------- legacy blocks
@@ -169,7 +185,7 @@ def _q6_k(r: _Row, o, y):
 
 
 def _fold32(builder, lo, hi):
-    """The 32 lanes (lo: 0-15, hi: 16-31) summed as legacy.dot32_lanes folds them:
+    """The 32 lanes (lo: 0-15, hi: 16-31) summed as legacy_ir.dot32_lanes folds them:
     v[j] = (l[j] + l[j+8]) + (l[j+16] + l[j+24]), then ((v0+v1)+(v2+v3)) + ((v4+v5)+(v6+v7))."""
     def half(v, h):
         return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 8), list(range(8 * h, 8 * h + 8))))
@@ -191,7 +207,7 @@ PREFETCH_BYTES = 2048   # how far ahead in its rows' byte stream each block pref
 
 def make_rows_dot(qtype: int, f16c: bool | None = None):
     """-> intrinsic ``rows_dot(w, x, out, c, n_chunks)``: out[m, n] = the float32 dot of row n
-    of w, dequantized, with x[m] (32 lanes, legacy.dot32_lanes' order and fold: bitwise what
+    of w, dequantized, with x[m] (32 lanes, legacy_ir.dot32_lanes' order and fold: bitwise what
     dequant_row + dot32_lanes give), for the rows n of chunk c of n_chunks and all
     M <= MAX_FUSED_M rows of x (float32 (M, K)); nothing is written to memory but out."""
     qk, nbytes, block = FORMATS[qtype].block_size, FORMATS[qtype].type_size, DECODERS[qtype]
@@ -299,3 +315,81 @@ def matmul_dot_q6_k(w, x, out, n_chunks):
 MATMUL_DOT = {Q4_0: matmul_dot_q4_0, Q4_1: matmul_dot_q4_1, Q5_0: matmul_dot_q5_0,
               Q5_1: matmul_dot_q5_1, Q8_0: matmul_dot_q8_0, Q4_K: matmul_dot_q4_k,
               Q5_K: matmul_dot_q5_k, Q6_K: matmul_dot_q6_k}
+
+
+# ---------------------------------------------------------------------------- row lookup
+
+def make_get_rows(qtype: int, f16c: bool | None = None):
+    """-> intrinsic ``get_rows(w, ids, out)``: out[i] = row ids[i] of w dequantized (float32
+    (M, K), C-contiguous; w uint8 (N, row_bytes) raw GGUF rows, ids int64 (M,) in range)."""
+    qk, nbytes, block = FORMATS[qtype].block_size, FORMATS[qtype].type_size, DECODERS[qtype]
+    f16c = have_f16c() if f16c is None else f16c
+
+    def get_rows(typingctx, w, ids, out):
+        sig = types.void(w, ids, out)
+
+        def codegen(context, builder, signature, args):
+            wa, ia, oa = (context.make_array(t)(context, builder, value=v) for t, v in zip(signature.args, args))
+            row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
+            M, k = cgutils.unpack_tuple(builder, oa.shape, 2)
+            with cgutils.for_range(builder, M) as rows:
+                i = rows.index
+                n = builder.load(builder.gep(ia.data, [i], source_etype=I64))
+                r = _Store(builder, f16c, builder.gep(wa.data, [builder.mul(n, row_bytes)], source_etype=I8),
+                           builder.gep(oa.data, [builder.mul(i, k)], source_etype=F32))
+                with cgutils.for_range(builder, builder.sdiv(k, I64(qk))) as blocks:
+                    j = blocks.index
+                    block(r, builder.mul(j, I64(nbytes)), builder.mul(j, I64(qk)))
+            return context.get_dummy_value()
+        return sig, codegen
+
+    get_rows.__name__ = f"get_rows_{FORMATS[qtype].name.lower()}"
+    return intrinsic(get_rows)
+
+
+_rows_q4_0, _rows_q4_1, _rows_q5_0, _rows_q5_1, _rows_q8_0, _rows_q4_k, _rows_q5_k, _rows_q6_k = (
+    make_get_rows(qt) for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K))
+
+
+@njit(cache=True, nogil=True)
+def get_rows_q4_0(w, ids, out):
+    _rows_q4_0(w, ids, out)
+
+
+@njit(cache=True, nogil=True)
+def get_rows_q4_1(w, ids, out):
+    _rows_q4_1(w, ids, out)
+
+
+@njit(cache=True, nogil=True)
+def get_rows_q5_0(w, ids, out):
+    _rows_q5_0(w, ids, out)
+
+
+@njit(cache=True, nogil=True)
+def get_rows_q5_1(w, ids, out):
+    _rows_q5_1(w, ids, out)
+
+
+@njit(cache=True, nogil=True)
+def get_rows_q8_0(w, ids, out):
+    _rows_q8_0(w, ids, out)
+
+
+@njit(cache=True, nogil=True)
+def get_rows_q4_k(w, ids, out):
+    _rows_q4_k(w, ids, out)
+
+
+@njit(cache=True, nogil=True)
+def get_rows_q5_k(w, ids, out):
+    _rows_q5_k(w, ids, out)
+
+
+@njit(cache=True, nogil=True)
+def get_rows_q6_k(w, ids, out):
+    _rows_q6_k(w, ids, out)
+
+
+GET_ROWS_DEQUANT = {Q4_0: get_rows_q4_0, Q4_1: get_rows_q4_1, Q5_0: get_rows_q5_0, Q5_1: get_rows_q5_1,
+                    Q8_0: get_rows_q8_0, Q4_K: get_rows_q4_k, Q5_K: get_rows_q5_k, Q6_K: get_rows_q6_k}

@@ -3,7 +3,7 @@
 ``MATMUL_FLOAT_ACT[qtype](w, x, out)``: out[m, n] = dot(dequant(W[n, :]), x[m, :]) with x
 kept in float32: each weight row dequantized bit-exactly as gguf.quants does (never a
 dequantized copy of the matrix) and dotted with every activation row in 32 float32 lanes
-folded in a fixed order (legacy.dot32_lanes).  dequant_ir.MATMUL_DOT does it in registers,
+folded in a fixed order (legacy_ir.dot32_lanes).  dequant_ir.MATMUL_DOT does it in registers,
 sixteen values at a time, for up to MAX_FUSED_M activation rows per pass over the weights;
 Q2_K and Q3_K go through a per-thread row buffer (kquants_dequant) and legacy.dot_f32, the
 same operations.  Every (n, m) runs the same operations whatever M is: rows stay

@@ -17,7 +17,8 @@ x[m] only, bitwise, whatever M and the thread count are — whichever code path 
 (one register-resident path per M <= MAX_STATIC_M, tiles above), every (n, m) goes through
 the same fixed sequence of float operations.
 
-``GET_ROWS[qtype](w, ids, out)``: bit-exact dequantization of rows ``ids`` (kquants_dequant).
+``GET_ROWS[qtype](w, ids, out)``: bit-exact dequantization of rows ``ids`` (dequant_ir's block
+decoders, those of the float-activation matmul; Q2_K and Q3_K: kquants_dequant).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from numba import get_num_threads
 
 from . import cpu, kquants_amx
 from . import kquants_dequant as dq
+from .dequant_ir import GET_ROWS_DEQUANT
 from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
 from .kquants_ir import MATMUL_Q8K
 from .q8k import quantize_q8_k
@@ -86,7 +88,7 @@ MATMUL = {qt: _matmul_fn(qt) for qt in MATMUL_Q8K}
 GET_ROWS = {
     Q2_K: _get_rows_fn(Q2_K, dq.get_rows_q2_k),
     Q3_K: _get_rows_fn(Q3_K, dq.get_rows_q3_k),
-    Q4_K: _get_rows_fn(Q4_K, dq.get_rows_q4_k),
-    Q5_K: _get_rows_fn(Q5_K, dq.get_rows_q5_k),
-    Q6_K: _get_rows_fn(Q6_K, dq.get_rows_q6_k),
+    Q4_K: _get_rows_fn(Q4_K, GET_ROWS_DEQUANT[Q4_K]),      # dequant_ir's decoders, as float_act's
+    Q5_K: _get_rows_fn(Q5_K, GET_ROWS_DEQUANT[Q5_K]),
+    Q6_K: _get_rows_fn(Q6_K, GET_ROWS_DEQUANT[Q6_K]),
 }

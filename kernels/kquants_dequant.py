@@ -1,4 +1,5 @@
-"""Row dequantization of the K-quants (embedding lookup, ``GET_ROWS``).
+"""Row dequantization of Q2_K and Q3_K (embedding lookup, ``GET_ROWS``, and the float-activation
+matmul's row buffer); the other formats' rows are decoded by dequant_ir's block decoders.
 
 ``get_rows_<fmt>(w, ids, out)``: w uint8 (N, row_bytes) raw rows, ids int64 (M,),
 out float32 (M, K).  Bit-exact with gguf.quants.dequantize: the same float32 operations
@@ -10,76 +11,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
+from .formats import FORMATS, Q2_K, Q3_K, QK_K
 from .kquants_ir import load_f16
 
 # bytes per super-block (compile-time constants of the kernels below)
-Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = (
-    FORMATS[qt].type_size for qt in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _scale_min_k4(w, n, o, j):
-    """6-bit scale and min of sub-block j from the 12 bytes at w[n, o:] (get_scale_min_k4)."""
-    if j < 4:
-        return np.int32(w[n, o + j] & 63), np.int32(w[n, o + j + 4] & 63)
-    sc = (w[n, o + j + 4] & 0xF) | ((w[n, o + j - 4] >> 6) << 4)
-    mn = (w[n, o + j + 4] >> 4) | ((w[n, o + j] >> 6) << 4)
-    return np.int32(sc), np.int32(mn)
-
-
-@njit(cache=True, nogil=True)
-def get_rows_q4_k(w, ids, out):
-    """block_q4_K, 144 B: d, dmin, scales[12], qs[128] (dequantize_row_q4_K)."""
-    for r in range(ids.shape[0]):
-        n = ids[r]
-        for b in range(out.shape[1] // QK_K):
-            o, y = b * Q4_K_BYTES, b * QK_K
-            d, dmin = load_f16(w, n, o), load_f16(w, n, o + 2)
-            for j in range(8):
-                sc, mn = _scale_min_k4(w, n, o + 4, j)
-                dl, ml = d * np.float32(sc), dmin * np.float32(mn)
-                shift, q = 4 * (j % 2), o + 16 + 32 * (j // 2)
-                for l in range(32):
-                    v = (w[n, q + l] >> shift) & 0xF
-                    out[r, y + 32 * j + l] = dl * np.float32(v) - ml
-
-
-@njit(cache=True, nogil=True)
-def get_rows_q5_k(w, ids, out):
-    """block_q5_K, 176 B: d, dmin, scales[12], qh[32], qs[128] (dequantize_row_q5_K)."""
-    for r in range(ids.shape[0]):
-        n = ids[r]
-        for b in range(out.shape[1] // QK_K):
-            o, y = b * Q5_K_BYTES, b * QK_K
-            d, dmin = load_f16(w, n, o), load_f16(w, n, o + 2)
-            for j in range(8):
-                sc, mn = _scale_min_k4(w, n, o + 4, j)
-                dl, ml = d * np.float32(sc), dmin * np.float32(mn)
-                shift, q = 4 * (j % 2), o + 48 + 32 * (j // 2)
-                for l in range(32):
-                    v = ((w[n, q + l] >> shift) & 0xF) | (((w[n, o + 16 + l] >> j) & 1) << 4)
-                    out[r, y + 32 * j + l] = dl * np.float32(v) - ml
-
-
-@njit(cache=True, nogil=True)
-def get_rows_q6_k(w, ids, out):
-    """block_q6_K, 210 B: ql[128], qh[64], scales[16] int8, d (dequantize_row_q6_K)."""
-    for r in range(ids.shape[0]):
-        n = ids[r]
-        for b in range(out.shape[1] // QK_K):
-            o, y = b * Q6_K_BYTES, b * QK_K
-            d = load_f16(w, n, o + 208)
-            for g in range(16):                     # group of 16 values, one scale each
-                dl = d * np.float32(np.int8(w[n, o + 192 + g]))
-                h, k = g // 8, (g // 2) % 4         # half, quarter of the half
-                ql = o + 64 * h + 32 * (k % 2)
-                qh = o + 128 + 32 * h
-                for l in range(16 * (g % 2), 16 * (g % 2) + 16):
-                    lo = (w[n, ql + l] >> (4 * (k // 2))) & 0xF
-                    hi = (w[n, qh + l] >> (2 * k)) & 3
-                    v = np.int32(lo | (hi << 4)) - 32
-                    out[r, y + 16 * g + l - 16 * (g % 2)] = dl * np.float32(v)
+Q2_K_BYTES, Q3_K_BYTES = (FORMATS[qt].type_size for qt in (Q2_K, Q3_K))
 
 
 @njit(cache=True, nogil=True)

@@ -26,7 +26,10 @@ work is what a verification batch of M rows adds to the one weight read.  scd an
 exact (integers below 2^8 times an f16), the lanes of dot are exact int32 below 2^17
 (bounds in the decoders), so the conversion is exact; ggml_vec_dot_qX_K_q8_K computes the
 same sum with the two terms grouped differently (d·dx · Σ sc·dot − dmin·dx · Σ mn·bsum).
-The float operations per (n, m) are this fixed sequence,
+The float operations per (n, m) are this fixed sequence, whatever M and the other rows hold:
+acc = 0; for each super-block in order, per lane, acc = fma(float(dot), scd·dx, acc) then
+acc = fma(bias, bsd, acc); out[m, n] = the 16 lanes summed pairwise, (l, l+8), (l, l+4),
+(l, l+2), (l, l+1) (``_lane_sum``).
 Arrays (C-contiguous):  w uint8 (N, row_bytes) raw GGUF rows;  the Q8_K activations in the
 block-major layout of q8k.py: xq int8 (K/256, M, 256) lane-major codes in [-127, 127],
 xd float32 (K/256, M), xbs float32 (K/256, M, 16) per-16 code sums times xd;  out float32 (M, N).
@@ -435,8 +438,8 @@ _chunk_q4_k_r, _chunk_q5_k_r, _chunk_q6_k_r = (
 
 # ------------------------------------------------------------------------------ drivers
 # matmul_<fmt>(w, xq, xd, xbs, out, n_chunks): out (M, N) = x · Wᵀ from Q8_K
-# activations, prange over n_chunks contiguous chunks of output rows.  One driver per format: Numba caches a function per
-# definition, so the kernel is a global constant, not an argument; the drivers live in
+# activations, prange over n_chunks contiguous chunks of output rows.  One driver per format: Numba caches a
+# function per definition, so the kernel is a global constant, not an argument; the drivers live in
 # this file so that an edit of the IR above invalidates their cache.
 
 @njit(cache=True, nogil=True, parallel=True)

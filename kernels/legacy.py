@@ -32,6 +32,7 @@ from numba import njit, prange
 
 from . import cpu, legacy_amx
 from .checks import check_activations, frozen
+from .dequant_ir import GET_ROWS_DEQUANT
 from .formats import F16, F32, FLOATS, FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .legacy_ir import DECODE_ROWS, TILE, TILE_Q5_0_DECODE, TILE_ROWS, dot32_lanes
 from .q8_act import QK8, half_bits_to_f32, q8_rows
@@ -182,52 +183,6 @@ def _f16_at(row, off):
 
 
 @njit(cache=True, nogil=True)
-def _dequant_legacy(qtype, block_bytes, row, buf):
-    """buf (K,) float32 = the blocks of 32 in row (uint8 raw bytes), bit-exact with
-    dequantize_row_q4_0 / q4_1 / q5_0 / q5_1 / q8_0.  One straight loop per block and format
-    (no format branch inside it), so that LLVM vectorizes the 16 or 32 values."""
-    for b in range(buf.shape[0] // 32):
-        o, y = b * block_bytes, b * 32
-        d = _f16_at(row, o)
-        if qtype == Q8_0:                               # q · d
-            for j in range(32):
-                buf[y + j] = np.float32(np.int8(row[o + 2 + j])) * d
-        elif qtype == Q4_0:                             # (q − 8) · d
-            for j in range(16):
-                buf[y + j] = np.float32(np.int32(row[o + 2 + j] & 15) - 8) * d
-                buf[y + j + 16] = np.float32(np.int32(row[o + 2 + j] >> 4) - 8) * d
-        elif qtype == Q4_1:                             # q · d + m
-            mn = _f16_at(row, o + 2)
-            for j in range(16):
-                buf[y + j] = d * np.float32(np.int32(row[o + 4 + j] & 15)) + mn
-                buf[y + j + 16] = d * np.float32(np.int32(row[o + 4 + j] >> 4)) + mn
-        else:                                           # Q5_0: (q − 16) · d, Q5_1: q · d + m
-            qa = o + 2 if qtype == Q5_0 else o + 4
-            qh = (np.uint32(row[qa]) | (np.uint32(row[qa + 1]) << 8)
-                  | (np.uint32(row[qa + 2]) << 16) | (np.uint32(row[qa + 3]) << 24))
-            if qtype == Q5_0:
-                for j in range(16):
-                    lo = np.int32(row[qa + 4 + j] & 15) | np.int32(((qh >> j) & 1) << 4)
-                    hi = np.int32(row[qa + 4 + j] >> 4) | np.int32(((qh >> (j + 16)) & 1) << 4)
-                    buf[y + j] = np.float32(lo - 16) * d
-                    buf[y + j + 16] = np.float32(hi - 16) * d
-            else:
-                mn = _f16_at(row, o + 2)
-                for j in range(16):
-                    lo = np.int32(row[qa + 4 + j] & 15) | np.int32(((qh >> j) & 1) << 4)
-                    hi = np.int32(row[qa + 4 + j] >> 4) | np.int32(((qh >> (j + 16)) & 1) << 4)
-                    buf[y + j] = d * np.float32(lo) + mn
-                    buf[y + j + 16] = d * np.float32(hi) + mn
-
-
-@njit(cache=True, nogil=True)
-def _get_rows_quant(qtype, block_bytes, w, ids, out):
-    """out (M, K) float32 = dequantized rows ids (M,) of w uint8 (N, row_bytes)."""
-    for i in range(ids.shape[0]):
-        _dequant_legacy(qtype, block_bytes, w[ids[i]], out[i])
-
-
-@njit(cache=True, nogil=True)
 def _get_rows_float(kind, w, ids, out):
     """out (M, K) float32 = rows ids of w (raw bits (N, K), see _bits_view)."""
     bits = out.view(np.uint32)
@@ -290,12 +245,12 @@ def _float_matmul(kind: int):
 
 
 def _quant_get_rows(qtype: int):
-    block_bytes = FORMATS[qtype].type_size
+    block_bytes, kernel = FORMATS[qtype].type_size, GET_ROWS_DEQUANT[qtype]   # dequant_ir's decoder
 
     def get_rows(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
         k = w.shape[1] // block_bytes * QK8
         ids = _row_ids(ids, w.shape[0], out, k)
-        _get_rows_quant(qtype, block_bytes, frozen(w), ids, out)
+        kernel(frozen(w), ids, out)
     return get_rows
 
 

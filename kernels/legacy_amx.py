@@ -42,7 +42,7 @@ M_TILE = 16                     # activation rows per A tile
 # With SPECDEC_KERNELS=amx (cpu.tiles()), passes of at least MIN_M rows take the tiles
 # (benchmarks/amx_rows.py: 0.85-1.5x the VNNI tile from 16 rows on, run to run; below, slower).
 MIN_M = {Q4_0: 16, Q5_0: 16, Q8_0: 16}
-M_CHUNK = 64                    # activation rows per pass over a tile's blocks (as legacy.M_CHUNK)
+M_CHUNK = 64                    # activation rows per pass over a tile's blocks (legacy.M_CHUNK is 32)
 GROUP = 4                       # blocks whose dots are all issued before the first is read
 CONFIG = amx.tile_config({0: (16, 64), 4: (16, 64),      # C: 16 rows x 16 int32
                           1: (16, 32), 5: (16, 32),      # A: 16 rows x one block of xq

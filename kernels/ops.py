@@ -137,4 +137,5 @@ def geglu(gate, up, out):
     for k in prange((n + 1023) // 1024):
         for i in range(1024 * k, min(n, 1024 * k + 1024)):
             x = g[i]
-            o[i] = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * x * (np.float32(1.0) + np.float32(0.044715) * x * x))) * u[i]
+            t = np.tanh(c * x * (np.float32(1.0) + np.float32(0.044715) * x * x))
+            o[i] = np.float32(0.5) * x * (np.float32(1.0) + t) * u[i]

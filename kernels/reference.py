@@ -10,6 +10,11 @@ The tests compare the kernels with these bit for bit.
     legacy_dot(qtype, w, x)         out (M, N) of the legacy × Q8_0/Q8_1 contract (legacy_ir)
     float_dot(w, x)                 out (M, N) of the float-weight contract (32 lanes, fixed tree)
     attention(q, k, v, pos, …)      causal grouped-query attention in float64 (attention.py)
+    attention_tree(q, k, v, …)      a token tree's attention in float64 (attention_tree.py)
+    rms_norm(x, w, eps)             RMSNorm over the last axis in float64 (ops.rms_norm, rms_norm_heads)
+    rope(x, positions, base, …)     rotary embedding in float64, NORM or NEOX pairs, rope_freqs
+                                    factors, linear scaling (ops.rope_cos_sin + ops.rope_apply)
+    swiglu(g, u), geglu(g, u)       silu(g)·u and gelu_tanh(g)·u in float64 (ops.swiglu, ops.geglu)
     fma32(a, b, c)                  a·b + c rounded once to float32 (llvm.fma), element-wise
 """
 from __future__ import annotations
@@ -215,3 +220,67 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions, scale: flo
             w = np.exp(s - s.max())
             out[m, h] = (w / w.sum()) @ v[h // n_rep, j0:p + 1]
     return out
+
+
+def attention_tree(q: np.ndarray, k: np.ndarray, v: np.ndarray, base: int, parents, scale: float,
+                   window: int = 0) -> np.ndarray:
+    """A token tree's attention in float64 (attention_tree.py): q (T, H, Dh) the rows of tree
+    nodes stored at slots base … base+T−1, k and v (Hkv, base+T, Dh) in slot order, parents (T,)
+    (−1 for a root, else an earlier node).  Node i sees the context slots 0 … base−1 at their
+    own positions and its ancestors a (itself included) at positions base + depth(a), within the
+    sliding window p − window < pos ≤ p of its own position p = base + depth(i) -> (T, H, Dh)."""
+    T, H, Dh = q.shape
+    n_rep = H // k.shape[0]
+    depth, chains = [], []
+    for i, a in enumerate(parents):
+        depth.append(0 if a < 0 else depth[a] + 1)
+        chains.append(([] if a < 0 else chains[a]) + [i])
+    out = np.zeros((T, H, Dh))
+    for i in range(T):
+        slots = np.array(list(range(base)) + [base + a for a in chains[i]], dtype=np.int64)
+        pos = np.array(list(range(base)) + [base + depth[a] for a in chains[i]], dtype=np.int64)
+        p = base + depth[i]
+        seen = slots[pos > p - window] if window else slots
+        for h in range(H):
+            s = k[h // n_rep, seen].astype(np.float64) @ q[i, h].astype(np.float64) * scale
+            w = np.exp(s - s.max())
+            out[i, h] = (w / w.sum()) @ v[h // n_rep, seen]
+    return out
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x²) + eps) · w over the last axis, in float64.   x (…, D), w (D,)."""
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * np.asarray(w, np.float64)
+
+
+def rope(x: np.ndarray, positions, base: float, neox: bool = False, n_rot: int | None = None,
+         freq_scale: float = 1.0, factors=None) -> np.ndarray:
+    """Rotary embedding in float64 (ggml_rope_ext with linear scaling): x (M, H, Dh), positions
+    (M,).  Pair i < n_rot/2 turns by theta = freq_scale · pos · base^(−2i/n_rot) / factors[i]
+    (factors: the rope_freqs tensor of Llama 3.1+, ones without one); NORM (neox=False) pairs
+    (x[2i], x[2i+1]), NEOX pairs (x[i], x[i + n_rot/2]); the dimensions past n_rot stay."""
+    x = np.asarray(x, np.float64)
+    n_rot = x.shape[-1] if n_rot is None else n_rot
+    half = n_rot // 2
+    factors = np.ones(half) if factors is None else np.asarray(factors, np.float64)
+    theta = freq_scale * (np.asarray(positions, np.float64)[:, None]
+                          * base ** (-2.0 * np.arange(half) / n_rot) / factors)        # (M, half)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]                       # (M, 1, half)
+    a, b = (np.arange(half), np.arange(half) + half) if neox else (np.arange(0, n_rot, 2), np.arange(1, n_rot, 2))
+    out = x.copy()
+    out[..., a] = x[..., a] * c - x[..., b] * s
+    out[..., b] = x[..., a] * s + x[..., b] * c
+    return out
+
+
+def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """silu(g) · u = g / (1 + e^−g) · u, in float64."""
+    g = np.asarray(g, np.float64)
+    return g / (1.0 + np.exp(-g)) * u
+
+
+def geglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """gelu_tanh(g) · u = 0.5 g (1 + tanh(sqrt(2/π) (g + 0.044715 g³))) · u, in float64."""
+    g = np.asarray(g, np.float64)
+    return 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3))) * u

@@ -1,41 +1,28 @@
 """specdec: exact speculative decoding of GGUF models on the CPU."""
 
 
-def _checkout_kernels() -> None:
-    """Make ``specdec.kernels`` the kernels/ folder next to this one in a source checkout.
-
-    The Numba kernels live in the top-level folder kernels/ and are installed as the
-    subpackage ``specdec.kernels`` (pyproject.toml: ``package-dir``), so an install has
-    specdec/kernels/ and this does nothing.  A source checkout (specdec/ and kernels/ side by
-    side, pyproject.toml above them) run without that mapping -- from its root with no install,
-    or with an editable install of another checkout -- would find no specdec.kernels, or
-    another checkout's: there the sibling folder is loaded under that name, so a checkout
-    always runs its own kernels.
-    """
-    import importlib.util
-    import sys
+def _kernels_here() -> None:
+    """Fail in one line, saying ``pip install -e .``, where ``specdec.kernels`` is missing or is
+    another checkout's: the top-level kernels/ folder becomes ``specdec.kernels`` by an install
+    (pyproject.toml's ``package-dir``), which a source checkout run without one lacks."""
+    import importlib
     from pathlib import Path
 
     here = Path(__file__).resolve().parent
-    init = here.parent / "kernels" / "__init__.py"
-    if (here / "kernels").exists() or not (init.is_file() and (here.parent / "pyproject.toml").is_file()):
-        return                                      # installed, or not a checkout
-    found = importlib.util.find_spec(__name__ + ".kernels")
-    if found is not None and found.origin and Path(found.origin).resolve() == init:
-        return                                      # an editable install of this checkout
-    spec = importlib.util.spec_from_file_location(__name__ + ".kernels", init,
-                                                  submodule_search_locations=[str(init.parent)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
+    mine = here.parent / "kernels"
     try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[spec.name]
-        raise
-    globals()["kernels"] = module
+        kernels = importlib.import_module(__name__ + ".kernels")
+    except ModuleNotFoundError as e:
+        if e.name != __name__ + ".kernels":
+            raise
+        raise ImportError(f"specdec.kernels is not installed: run `pip install -e .` in {here.parent}") from None
+    if (mine / "__init__.py").is_file() and (here.parent / "pyproject.toml").is_file() \
+            and Path(kernels.__file__).resolve().parent != mine:
+        raise ImportError(f"specdec.kernels is {Path(kernels.__file__).parent}, not this checkout's {mine}: "
+                          f"run `pip install -e .` in {here.parent}")
 
 
-_checkout_kernels()
+_kernels_here()
 
 # The layers, bottom up: kernels/ (specdec.kernels) -> engine/ (reader, config, model, KV
 # cache), text/ (tokenizer, template), models/ (the hub) -> generation/ (interfaces,

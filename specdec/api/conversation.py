@@ -1,6 +1,6 @@
 """Chat: prompts in the model's own chat template, and conversations that keep their KV caches.
 
-The prompt of each turn is the model's own chat template rendered by specdec.template
+The prompt of each turn is the model's own chat template rendered by specdec.text.template
 (sandboxed Jinja2; ChatML for a model without one).
 
 A `Conversation` owns one target session and one drafter for its whole life.  Each turn the

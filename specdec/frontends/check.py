@@ -71,7 +71,8 @@ def read_prompts(prompt: str | None, path: str | None) -> list[dict]:
             rec = json.loads(ln)
         except ValueError:
             raise ConfigError(f"-f {path}: line {i} is not JSON") from None
-        if not isinstance(rec, dict) or not (isinstance(rec.get("prompt"), str) or isinstance(rec.get("messages"), list)):
+        if not isinstance(rec, dict) or not (isinstance(rec.get("prompt"), str)
+                                             or isinstance(rec.get("messages"), list)):
             raise ConfigError(f"-f {path}: line {i} needs a 'prompt' string or a 'messages' list")
         out.append({"messages": rec["messages"]} if "messages" in rec else {"prompt": rec["prompt"]})
     if not out:

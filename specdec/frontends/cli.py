@@ -160,7 +160,8 @@ def cmd_run(a) -> int:
         _set_threads(a.threads)
     if a.file is not None:
         try:
-            prompt = open(a.file, encoding="utf-8").read()
+            with open(a.file, encoding="utf-8") as fh:
+                prompt = fh.read()
         except OSError as e:
             raise ConfigError(f"--file {a.file}: {e.strerror}") from None
     else:
@@ -168,7 +169,8 @@ def cmd_run(a) -> int:
     prediction = a.prediction
     if a.predict is not None:
         try:
-            prediction = open(a.predict, encoding="utf-8").read()
+            with open(a.predict, encoding="utf-8") as fh:
+                prediction = fh.read()
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"--predict {a.predict}: {getattr(e, 'strerror', None) or e}") from None
     target, draft = _load_models(a)

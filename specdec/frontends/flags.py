@@ -37,7 +37,8 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _format_action_invocation(self, action):
         if not action.option_strings or action.nargs == 0:
             return ", ".join(action.option_strings) or super()._format_action_invocation(action)
-        return f"{', '.join(action.option_strings)} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+        metavar = self._get_default_metavar_for_optional(action)
+        return f"{', '.join(action.option_strings)} {self._format_args(action, metavar)}"
 
 
 def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
@@ -75,8 +76,10 @@ def _add_model_flags(g) -> None:
                    help="draft length: threshold (up to --draft-n, stop below --draft-p; the default "
                         "once --draft-n or --draft-p is given), fixed (--draft-n), adaptive (1..--draft-n "
                         "from measured acceptance and costs)")
-    g.add_argument("--lookup-ngram-min", type=int, default=2, help="prompt lookup: shortest n-gram matched (default: 2)")
-    g.add_argument("--lookup-ngram-max", type=int, default=16, help="prompt lookup: longest n-gram matched (default: 16)")
+    g.add_argument("--lookup-ngram-min", type=int, default=2,
+                   help="prompt lookup: shortest n-gram matched (default: 2)")
+    g.add_argument("--lookup-ngram-max", type=int, default=16,
+                   help="prompt lookup: longest n-gram matched (default: 16)")
     g.add_argument("--lookup-copy-ratio", type=float, default=1.0, metavar="R",
                    help="prompt lookup: a match of n tokens copies at most R*n tokens (0: --draft-n; default: 1)")
     g.add_argument("--draft-tree", type=int, default=1, metavar="K",
@@ -113,9 +116,11 @@ def _add_load_flags(g) -> None:
     g.add_argument("--draft-retokenize", action="store_true",
                    help="the -md model drafts through text: greedy drafts re-encoded into the "
                         "target's ids, so a draft with another tokenizer can draft (same output law)")
-    g.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N", help="context size (default: min(4096, trained))")
+    g.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N",
+                   help="context size (default: min(4096, trained))")
     g.add_argument("-t", "--threads", type=int, default=0, metavar="N",
-                   help="threads of the Numba kernels (default: all cores)")
+                   help="threads of the Numba kernels (default: chosen per pass by measurement, "
+                        "up to all cores; docs/robustness.md)")
     g.add_argument("--activations", default="auto", choices=("auto", "q8", "float"),
                    help="matmul inputs: q8 rounds them to 8 bits per block like llama.cpp (faster), "
                         "float keeps them exact; auto: float for gemma3, q8 otherwise")
@@ -163,7 +168,8 @@ def _add_sampling_flags(p: argparse.ArgumentParser, n_predict: int = 128) -> Non
     g = p.add_argument_group("sampling")
     g.add_argument("-n", "--n-predict", type=int, default=n_predict, metavar="N",
                    help=f"tokens to generate, -1 = until end of generation or a full context (default: {n_predict})")
-    g.add_argument("-s", "--seed", type=int, default=None, metavar="SEED", help="RNG seed, -1 = random (default: random)")
+    g.add_argument("-s", "--seed", type=int, default=None, metavar="SEED",
+                   help="RNG seed, -1 = random (default: random)")
     g.add_argument("--temp", type=float, default=0.0, metavar="N", help="temperature; 0 = greedy (default: 0)")
     g.add_argument("--top-k", type=int, default=40, metavar="N", help="top-k sampling, 0 = off (default: 40)")
     g.add_argument("--top-p", type=float, default=0.95, metavar="N", help="top-p sampling, 1.0 = off (default: 0.95)")
@@ -292,8 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1, help="best of R runs each (default: 1)")
     p.add_argument("--no-decode", action="store_true", help="skip the decode benchmark")
     p.add_argument("--no-speculative", action="store_true", help="skip the speculative benchmark")
-    p.add_argument("-t", "--threads", type=int, default=0, help="threads per forward pass (default: chosen per pass by measurement, "
-                   "up to all cores; docs/robustness.md)")
+    p.add_argument("-t", "--threads", type=int, default=0,
+                   help="threads per forward pass (default: chosen per pass by measurement, up to all cores)")
     p.add_argument("--no-mmap", action="store_true",
                    help="read the model files into memory (llama.cpp too; default: specdec's own choice, "
                         "which llama.cpp then follows)")

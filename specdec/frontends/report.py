@@ -10,6 +10,7 @@ Four panels, p the target's distribution and q the draft's:
 Multi-candidate traces (--draft-tree) add a line on their branches: candidates per step and
 which branch won; the panels show each step's verified branch.
 
+``load_trace`` is the one reader of a trace file (the tests' too).
 matplotlib is an optional dependency (the `bench` extra): it is imported only here, with the
 Agg backend, and its absence is a one-line error.
 """

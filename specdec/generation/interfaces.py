@@ -4,7 +4,7 @@ the drafters, the loops and the front-ends can all depend on it without a cycle.
 
 p is always the target's distribution, q the draft's.
 
-Generation is written once, as a coroutine over target passes (`generate.plain_steps`,
+Generation is written once, as a coroutine over target passes (`plain.plain_steps`,
 `speculative.speculative_steps`): each yields an `Eval` — "evaluate these ids on this
 session" — and is sent back its logits.  `drive` runs one request alone, eval by eval; the
 server's scheduler runs the pending Evals of many requests as one batched forward pass
@@ -18,7 +18,8 @@ from typing import Callable, Generator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-OnToken = Callable[[int, str], None]   # (token_id, kind); kind: 'sampled' | 'accepted' | 'predicted' | 'correction' | 'bonus'
+# (token_id, kind); kind: 'sampled' | 'accepted' | 'predicted' | 'correction' | 'bonus'
+OnToken = Callable[[int, str], None]
 #   ('predicted': an accepted draft token that came from the user's prediction)
 
 

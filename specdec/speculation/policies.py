@@ -23,8 +23,8 @@ tokens and costs T(n) = n * d + v(n) seconds: d the draft time per drafted token
 verify pass over n + 1 rows.  v is not flat on a CPU: it is fitted online as v(n) = a + b*n
 by exponentially weighted least squares over every step, whoever drafted (the pass is the
 target's: a lookup step's long drafts and a model step's short ones spread n), pulled
-towards a prior slope b = growth_prior * a while the observed n do not spread enough.  The policy picks n in n_min..n_max
-maximising E(n) / T(n).  alpha is an exponential moving average over verified positions
+towards a prior slope b = growth_prior * a while the observed n do not spread enough.  The policy picks n in
+n_min..n_max maximising E(n) / T(n).  alpha is an exponential moving average over verified positions
 (each an accept / reject outcome), d one over steps that drafted.  In the paper's units,
 c = d / a is the cost coefficient and b / a the verify cost growth per extra row
 (`estimates()`).

@@ -21,7 +21,7 @@ and nothing after an end-of-generation token.  Timings: prompt_s covers the pref
 prompt tokens but the last, the target's and the drafter's (`drafter.prefill`);
 decode_s everything after it (drafting included).
 
-How many tokens to draft is the policy's choice (specdec.policies): told the drafter's key
+How many tokens to draft is the policy's choice (specdec.speculation.policies): told the drafter's key
 for the step (`drafter.key(ctx)`, `policy.prepare(key)`; None when the drafter has none),
 asked before each step, told the outcome and the measured draft / verify times after it.  The clock is injected
 (`clock=`) so that tests can make timing-driven policies deterministic.
@@ -49,8 +49,8 @@ from .verify import VerifyResult, verify
 
 TREE_K_MAX = 8          # most branches of --draft-tree
 
-__all__ = ["DRAFT_N_MAX", "TREE_K_MAX", "check_tree_k", "DrafterStats", "SpecStats", "check_draft_n", "generate_speculative",
-           "spec_stats", "speculative_steps"]
+__all__ = ["DRAFT_N_MAX", "TREE_K_MAX", "check_tree_k", "DrafterStats", "SpecStats", "check_draft_n",
+           "generate_speculative", "spec_stats", "speculative_steps"]
 
 
 def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[int],
@@ -182,7 +182,7 @@ def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence
     [last token] + draft, accept/resample with `verify`, roll the caches back.
 
     n_keep > 0 resumes a conversation: the target's first n_keep rows are prompt_ids[:n_keep]
-    (generate.kept_prefix) and the drafter is not reset: it reconciles its own cache with the
+    (plain.kept_prefix) and the drafter is not reset: it reconciles its own cache with the
     context it is given.  Only the new prompt tokens are evaluated; the output is unchanged.
 
     tree_k > 1 verifies up to tree_k candidate continuations per step in one target pass

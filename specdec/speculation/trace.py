@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import IO, Iterator, Protocol, Sequence
+from typing import IO, Protocol, Sequence
 
 import numpy as np
 
@@ -108,13 +108,3 @@ class JsonlTrace:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def iter_trace(path: str | Path) -> Iterator[StepRecord]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield StepRecord.from_json(line)
-
-
-def read_trace(path: str | Path) -> list[StepRecord]:
-    return list(iter_trace(path))

@@ -7,7 +7,7 @@
                           (prompt lookup, suffix; lengths and policies)
 
     from hypothesis import given
-    from . import strategies as sds
+    from specdec.testing import strategies as sds
 
     @given(prompt=sds.prompts(16), kw=sds.drafting())
     def test_mine(model, prompt, kw):

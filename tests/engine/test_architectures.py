@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from specdec.engine.config import ROPE_NEOX
 from specdec.engine.gguf_file import GGUFFile
+from specdec.kernels import reference
 from specdec.testing import assert_greedy_identical
 from synth import TinySpec
 
@@ -40,22 +41,14 @@ def reference_forward(gf, cfg, tokens, *, rope_every_layer=False, swap_ffn=False
         return (raw if qt in (T.F32, T.F16) else dequantize(raw, qt)).astype(np.float64)
     has = lambda name: name in gf.tensors                        # noqa: E731
     eps, H, Hkv, Dh = cfg.norm_eps, cfg.n_head, cfg.n_head_kv, cfg.d_head
-    M, half = len(tokens), Dh // 2
+    M = len(tokens)
     p = np.arange(M)
 
     def rms(x, w):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+        return reference.rms_norm(x, w, eps)
 
     def rope(x):
-        theta = p[:, None] * cfg.rope_base ** (-2.0 * np.arange(half) / Dh)
-        c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-        if cfg.rope_type == ROPE_NEOX:
-            a, b = x[..., :half], x[..., half:]
-            return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
-        a, b = x[..., 0::2], x[..., 1::2]
-        out = np.empty_like(x)
-        out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c
-        return out
+        return reference.rope(x, p, cfg.rope_base, neox=cfg.rope_type == ROPE_NEOX)
 
     def lin(h, name):
         y = h @ t(name + ".weight").T
@@ -88,7 +81,7 @@ def reference_forward(gf, cfg, tokens, *, rope_every_layer=False, swap_ffn=False
             g, u = np.split(lin(h, b + "ffn_up"), 2, axis=1)
             if swap_ffn:
                 g, u = u, g
-        x = x + lin(g / (1 + np.exp(-g)) * u, b + "ffn_down")
+        x = x + lin(reference.swiglu(g, u), b + "ffn_down")
     out = t("output.weight") if has("output.weight") else t("token_embd.weight")
     return rms(x, t("output_norm.weight")) @ out.T
 

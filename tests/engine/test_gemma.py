@@ -37,6 +37,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from specdec.kernels import reference
+
 from helpers import greedy_records
 from synth import TinySpec
 
@@ -61,14 +63,10 @@ def reference_forward(gf, cfg, tokens, *, window=None, global_base=None, softcap
     global_base = cfg.rope_base if global_base is None else global_base
 
     def rms(x, w):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+        return reference.rms_norm(x, w, eps)
 
     def rope(x, base):                                            # (M, heads, Dh), NEOX
-        half = Dh // 2
-        theta = np.arange(len(tokens))[:, None] * base ** (-2.0 * np.arange(half) / Dh)
-        c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-        a, b = x[..., :half], x[..., half:]
-        return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+        return reference.rope(x, np.arange(len(tokens)), base, neox=True)
 
     M = len(tokens)
     emb = t("token_embd.weight")                                  # (V, D)
@@ -96,8 +94,7 @@ def reference_forward(gf, cfg, tokens, *, window=None, global_base=None, softcap
         x = x + rms(att.reshape(M, H * Dh) @ t(b + "attn_output.weight").T, t(b + "post_attention_norm.weight"))
         h = rms(x, t(b + "ffn_norm.weight"))
         g, u = h @ t(b + "ffn_gate.weight").T, h @ t(b + "ffn_up.weight").T
-        gelu = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
-        x = x + rms((gelu * u) @ t(b + "ffn_down.weight").T, t(b + "post_ffw_norm.weight"))
+        x = x + rms(reference.geglu(g, u) @ t(b + "ffn_down.weight").T, t(b + "post_ffw_norm.weight"))
     logits = rms(x, t("output_norm.weight")) @ emb.T
     return softcap * np.tanh(logits / softcap) if softcap else logits
 

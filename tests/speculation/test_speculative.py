@@ -22,7 +22,8 @@ from specdec.errors import SpecdecError
 from specdec.generation.plain import generate_plain
 from specdec.generation.sampling import GREEDY, NumpyRandom, SamplerParams
 from specdec.speculation.speculative import generate_speculative
-from specdec.speculation.trace import JsonlTrace, StepRecord, read_trace
+from specdec.frontends.report import load_trace
+from specdec.speculation.trace import JsonlTrace, StepRecord
 from specdec.speculation.verify import DraftProbabilityError, VerifyResult, alphas, overlap, residual, verify
 
 # the same, with every factory but the first marked slow (sampling-heavy tests)
@@ -64,7 +65,7 @@ def test_verify_emits_exactly_p_whatever_q(rows):
 
     law = enumerate_outcomes(run)
     first = Counter()
-    for (tok, acc), pr in law.items():
+    for (tok, _acc), pr in law.items():
         first[tok] += pr
     for y in range(len(p0)):
         assert abs(first[y] - p0[y]) < 1e-12
@@ -434,7 +435,7 @@ def test_trace_round_trip(tmp_path):
     with JsonlTrace(path) as sink:
         for r in mem.records:
             sink.write(r)
-    assert read_trace(path) == mem.records and len(mem.records) > 1
+    assert load_trace(path) == mem.records and len(mem.records) > 1
     r = mem.records[0]
     assert len(r.q_x) == len(r.p_x) == len(r.ratio) == len(r.alpha) == len(r.drafted)
     assert r.step == 0 and r.n_context == 2

@@ -272,7 +272,8 @@ def test_tree_options_and_errors():
 
 def test_trace_report_branches_line(tmp_path):
     from specdec.frontends.report import branches_line, summarize
-    from specdec.speculation.trace import StepRecord, read_trace, JsonlTrace
+    from specdec.frontends.report import load_trace
+    from specdec.speculation.trace import JsonlTrace, StepRecord
     target, draft = PAIR_FACTORIES["fake"](16, 4, "bad")
     sink = ListTrace()
     params = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
@@ -281,7 +282,7 @@ def test_trace_report_branches_line(tmp_path):
     with JsonlTrace(tmp_path / "t.jsonl") as f:
         for r in sink.records:
             f.write(r)
-    assert read_trace(tmp_path / "t.jsonl") == sink.records
+    assert load_trace(tmp_path / "t.jsonl") == sink.records
     s = summarize(sink.records)
     tree_steps = [r for r in sink.records if r.n_branches > 1]
     assert s["branches"]["n_tree_steps"] == len(tree_steps) > 10

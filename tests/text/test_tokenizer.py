@@ -134,7 +134,8 @@ def test_decode_matches_llamacpp(real_tokenizer, model_id):
 def test_vocabulary_facts(real_tokenizer, model_id):
     tok = real_tokenizer(model_id)
     vocab_type, n_vocab, bos, eos, add_bos, eog = EXPECTED[model_id]
-    assert (tok.vocab_type, tok.n_vocab, tok.bos_id, tok.eos_id, tok.add_bos) == (vocab_type, n_vocab, bos, eos, add_bos)
+    got = (tok.vocab_type, tok.n_vocab, tok.bos_id, tok.eos_id, tok.add_bos)
+    assert got == (vocab_type, n_vocab, bos, eos, add_bos)
     assert len(tok.tokens) == n_vocab and eog <= tok.eog_ids
     assert all(tok.is_eog(i) for i in eog) and not tok.is_eog(tok.encode("a", bos=False)[0])
     assert (tok.chat_template is None) == (vocab_type == "spm")      # gemma-3-270m ships none

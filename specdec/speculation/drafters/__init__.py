@@ -41,7 +41,8 @@ from .retok import RetokenizingDrafter
 from .suffix import SuffixDrafter, SuffixStore
 
 __all__ = ["DRAFTER_NAMES", "Draft", "Drafter", "HybridDrafter", "Match", "ModelDrafter",
-           "NgramIndex", "PredictionDrafter", "PromptLookupDrafter", "RetokenizingDrafter", "SuffixDrafter", "SuffixStore",
+           "NgramIndex", "PredictionDrafter", "PromptLookupDrafter", "RetokenizingDrafter", "SuffixDrafter",
+           "SuffixStore",
            "check_lookup_options",
            "make_drafter"]
 

@@ -12,6 +12,7 @@ from ...generation.interfaces import Session
 from ...generation.sampling import Rng, SamplerParams, probs, top_prob
 from ..policies import check_draft_p
 from .base import Draft, DraftTree, Drafter
+from .mirror import CacheMirror
 
 
 class ModelDrafter(Drafter):
@@ -45,13 +46,12 @@ class ModelDrafter(Drafter):
         self.session, self.params, self.draft_p = session, params, float(draft_p)
         self.n_vocab = int(n_vocab if n_vocab is not None else session.n_vocab)
         self._shared = min(self.n_vocab, session.n_logits)   # ids it may propose
-        self._cached: list[int] = []                        # ids in the draft cache, len == n_past
+        self.cache = CacheMirror(session)                   # the draft cache's ids
         self._last: tuple[int, tuple[int, ...]] | None = None   # (context length, drafted) of the last proposal
-        session.reset()
 
     def reset(self) -> None:
-        self.session.reset()
-        self._cached, self._last = [], None
+        self.cache.reset()
+        self._last = None
 
     def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
         ctx = list(context_ids)
@@ -60,9 +60,8 @@ class ModelDrafter(Drafter):
         self._last = (len(ctx), ())
         if n_max <= 0 or not ctx:
             return Draft.empty(self.n_vocab, self.source)
-        keep = _common_prefix(self._cached, ctx, len(ctx) - 1)    # the last id must be re-fed
-        self._truncate(keep)
-        logits = self._eval(ctx[keep:])                            # (V_draft,) catch-up, one batch
+        keep = self.cache.keep(ctx, len(ctx) - 1)                  # the last id must be re-fed
+        logits = self.cache.eval(ctx[keep:])                      # (V_draft,) catch-up, one batch
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         while True:
@@ -76,7 +75,7 @@ class ModelDrafter(Drafter):
             qs.append(q)
             if len(tokens) >= n_max:
                 break                                              # the last draft is not evaluated
-            logits = self._eval([x])
+            logits = self.cache.eval([x])
         self._last = (len(ctx), tuple(tokens))
         q_mat = np.stack(qs) if qs else np.zeros((0, self.n_vocab))   # (n, V)
         return Draft(tuple(tokens), q_mat, self.source)
@@ -93,9 +92,8 @@ class ModelDrafter(Drafter):
         self._last = None                                          # accept: nothing to roll back
         if n_max <= 0 or not ctx or k <= 1:
             return DraftTree.of(self.propose(context_ids, n_max, rng))
-        keep = _common_prefix(self._cached, ctx, len(ctx) - 1)
-        self._truncate(keep)
-        row = self._eval(ctx[keep:])[: self._shared]              # (V_shared,) after the context
+        keep = self.cache.keep(ctx, len(ctx) - 1)
+        row = self.cache.eval(ctx[keep:])[: self._shared]        # (V_shared,) after the context
         q0 = np.zeros(self.n_vocab, dtype=np.float64)              # (V,)
         q0[: self._shared] = probs(row, self.params)
         if self.params.greedy:
@@ -114,9 +112,9 @@ class ModelDrafter(Drafter):
             qs.append(q)
             if x in firsts[:j]:                                    # a repeat: never accepted
                 continue
-            self._truncate(len(ctx))                               # the cache holds the context
+            self.cache.truncate(len(ctx))                         # the cache holds the context
             for _ in range(n_max - 1):                             # the last draft is not evaluated
-                logits = self._eval([tokens[node]])[: self._shared]
+                logits = self.cache.eval([tokens[node]])[: self._shared]
                 if self.draft_p > 0.0 and top_prob(logits) < self.draft_p:
                     break
                 qd = np.zeros(self.n_vocab, dtype=np.float64)      # (V,)
@@ -131,10 +129,9 @@ class ModelDrafter(Drafter):
         """Evaluate the context but its last id, in the prompt phase (as the target does), so
         that the first `propose` only feeds that id."""
         ctx = list(context_ids)
-        keep = _common_prefix(self._cached, ctx, len(ctx) - 1)
-        self._truncate(keep)
+        keep = self.cache.keep(ctx, len(ctx) - 1)
         if len(ctx) - 1 > keep:
-            self._eval(ctx[keep:-1])
+            self.cache.eval(ctx[keep:-1])
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         """Roll the cache back to the accepted part of the last proposal."""
@@ -143,24 +140,5 @@ class ModelDrafter(Drafter):
         n_ctx, drafted = self._last
         if not 0 <= n_accepted <= len(drafted):
             raise ValueError(f"accept: {n_accepted} accepted out of {len(drafted)} drafted")
-        self._truncate(min(len(self._cached), n_ctx + n_accepted))
+        self.cache.truncate(n_ctx + n_accepted)
         self._last = None
-
-    def _eval(self, ids: list[int]) -> np.ndarray:
-        logits = self.session.eval(ids, last_only=True)[-1]       # (V_draft,)
-        self._cached.extend(ids)
-        return logits
-
-    def _truncate(self, n: int) -> None:
-        if n < len(self._cached):
-            self.session.truncate(n)
-            del self._cached[n:]
-
-
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """Length of the longest common prefix of a and b, at most limit."""
-    n = min(len(a), len(b), limit)
-    if a[:n] == b[:n]:
-        return n
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0])

@@ -55,7 +55,7 @@ from ...generation.sampling import Rng, top_prob
 from ...text.vocab import ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED
 from ..policies import check_draft_p
 from .base import Draft, Drafter
-from .model import _common_prefix
+from .mirror import CacheMirror, common_prefix
 
 DRAFT_FACTOR = 2        # at most DRAFT_FACTOR * n_max + 1 draft tokens per proposal
 SAFE_LOOKBACK = 256     # bytes searched back for a safe point
@@ -160,7 +160,7 @@ class IdText:
         self.data = bytearray()
 
     def sync(self, ids: Sequence[int]) -> bytes:
-        m = _common_prefix(self.ids, list(ids), len(ids))
+        m = common_prefix(self.ids, list(ids), len(ids))
         del self.ids[m:], self.ends[m:]
         del self.data[self.ends[-1] if self.ends else 0:]
         for t in ids[m:]:
@@ -280,15 +280,14 @@ class RetokenizingDrafter(Drafter):
         self._bos = [draft_tokenizer.bos_id] if draft_tokenizer.add_bos else []
         self.text = IdText(self.target, target_tokenizer.bos_id if target_tokenizer.add_bos else None)
         self.tokens = TextTokens(self.draft)
-        self._cached: list[int] = []                  # draft ids in the draft cache, len == n_past
+        self.cache = CacheMirror(session)             # the draft ids in the draft cache
         self._last: tuple[list[int], tuple[int, ...]] | None = None   # (context, proposed)
-        session.reset()
 
     def reset(self) -> None:
-        self.session.reset()
+        self.cache.reset()
         self.text.reset()
         self.tokens.reset()
-        self._cached, self._last = [], None
+        self._last = None
 
     def draft_ids(self, context_ids: Sequence[int]) -> list[int]:
         """The draft vocabulary's ids for the context's text (BOS first where it adds one)."""
@@ -303,9 +302,8 @@ class RetokenizingDrafter(Drafter):
         k = min(DRAFT_FACTOR * n_max + 1, self.session.n_ctx - len(dctx) + 1)
         if k <= 0 or not dctx:
             return Draft.empty(self.n_vocab, self.source)
-        keep = _common_prefix(self._cached, dctx, len(dctx) - 1)    # the last id is re-fed
-        self._truncate(keep)
-        logits = self._eval(dctx[keep:])                             # (n_logits,)
+        keep = self.cache.keep(dctx, len(dctx) - 1)                  # the last id is re-fed
+        logits = self.cache.eval(dctx[keep:])                       # (n_logits,)
         tail = bytes(self.text.data[self.text.tail_start():])
         n_drafted, text, ids = 0, b"", []
         while True:
@@ -317,7 +315,7 @@ class RetokenizingDrafter(Drafter):
             ids = continuation(self.target, tail, text)              # target ids it spells so far
             if len(ids) >= n_max or n_drafted >= k or x in self._eog:
                 break                                                # the last one is not evaluated
-            logits = self._eval([x])
+            logits = self.cache.eval([x])
         ids = ids[:n_max]
         ids = ids[: next((j for j, t in enumerate(ids) if t >= self.n_vocab), len(ids))]
         self._last = ([int(t) for t in context_ids], tuple(ids))
@@ -326,10 +324,9 @@ class RetokenizingDrafter(Drafter):
     def prefill(self, context_ids: Sequence[int]) -> None:
         """Evaluate the context's draft ids but the last, in the prompt phase."""
         dctx = self.draft_ids(context_ids)
-        keep = _common_prefix(self._cached, dctx, len(dctx) - 1)
-        self._truncate(keep)
+        keep = self.cache.keep(dctx, len(dctx) - 1)
         if keep < len(dctx) - 1 <= self.session.n_ctx:
-            self._eval(dctx[keep:-1])
+            self.cache.eval(dctx[keep:-1])
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         """Encode the accepted text again and keep the cache's common prefix with it."""
@@ -339,15 +336,5 @@ class RetokenizingDrafter(Drafter):
         if not 0 <= n_accepted <= len(proposed):
             raise ValueError(f"accept: {n_accepted} accepted out of {len(proposed)} drafted")
         dctx = self.draft_ids(ctx + list(proposed[:n_accepted]) + [int(next_token)])
-        self._truncate(_common_prefix(self._cached, dctx, len(dctx)))
+        self.cache.keep(dctx, len(dctx))
         self._last = None
-
-    def _eval(self, ids: list[int]) -> np.ndarray:
-        logits = self.session.eval(ids, last_only=True)[-1]         # (n_logits,)
-        self._cached.extend(ids)
-        return logits
-
-    def _truncate(self, n: int) -> None:
-        if n < len(self._cached):
-            self.session.truncate(n)
-            del self._cached[n:]

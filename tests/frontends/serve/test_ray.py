@@ -153,7 +153,8 @@ class Cluster:
         a = build_parser().parse_args(["serve", "-m", str(real_model_path(MODEL)), *FLAGS,
                                        "--ray-replicas", "2", "--port", str(self.port)])
         done: list = []
-        t = threading.Thread(target=lambda: done.append(serve.run(bind(a, serve_helpers()), name=APP_NAME, route_prefix="/")),
+        t = threading.Thread(target=lambda: done.append(serve.run(bind(a, serve_helpers()), name=APP_NAME,
+                                                                  route_prefix="/")),
                              daemon=True)
         t.start()
         t.join(DEPLOY_TIMEOUT)

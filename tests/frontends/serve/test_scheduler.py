@@ -112,7 +112,7 @@ def test_any_arrival_order_gives_the_solo_answers(models, data):
     target, draft = models
     n = data.draw(st.integers(2, 5), label="requests")
     jobs = []
-    for i in range(n):
+    for _ in range(n):
         kind = data.draw(st.sampled_from([None, "model", "prompt-lookup"]), label="draft")
         greedy = data.draw(st.booleans(), label="greedy")
         jobs.append(Job(prompt(data.draw(st.integers(0, 50)), data.draw(st.integers(2, 30))),

@@ -17,7 +17,8 @@ from servers import ROOT, SPEC, Server
 from synth import write_tiny_model
 
 from specdec.frontends.report import summarize
-from specdec.speculation.trace import StepRecord, read_trace
+from specdec.frontends.report import load_trace
+from specdec.speculation.trace import StepRecord
 
 KEY = "page-test-key-7f3a"
 TIMES = ("draft_s", "verify_s")          # wall-clock fields: equal in kind, not in value
@@ -168,7 +169,7 @@ def test_the_stream_carries_the_requests_trace_record(tmp_path):
     tokens = [t for c in chunks for t in (c.get("specdec") or {}).get("tokens", [])]
     steps = [st for c in chunks for st in (c.get("specdec") or {}).get("steps", [])]
     summary = chunks[-1]["specdec"]["summary"]
-    records = read_trace(trace)
+    records = load_trace(trace)
     assert len(records) == len(steps) > 3
     for got, want in zip(steps, records):
         want = json.loads(want.to_json())

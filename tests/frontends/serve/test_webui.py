@@ -37,7 +37,8 @@ TOKENS_JS = ("return Array.from(arguments[0].querySelectorAll('.body .tok'))"
 
 def find_browser() -> tuple[str, str]:
     browser = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
-    driver = shutil.which("chromedriver") or ("/usr/bin/chromedriver" if Path("/usr/bin/chromedriver").exists() else None)
+    driver = shutil.which("chromedriver") or ("/usr/bin/chromedriver" if Path("/usr/bin/chromedriver").exists()
+                                              else None)
     if browser is None or driver is None:
         pytest.skip("no headless browser: needs chromium and chromedriver "
                     "(Debian: apt-get install chromium chromium-driver)")
