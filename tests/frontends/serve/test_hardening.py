@@ -222,6 +222,12 @@ def test_a_body_sent_whole_gets_its_413(limited, size):
     assert httpx.get(limited.url + "/health").json()["slots_idle"] == 1
 
 
+def test_requests_gets_the_413_of_a_body_sent_whole(limited):
+    requests = pytest.importorskip("requests")
+    r = requests.post(limited.url + "/v1/completions", data=b"a" * (16 << 20), timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
 def test_a_stalled_body_sent_on_afterwards_gets_its_408(model_files, tmp_path):
     """A body that stalls past --body-timeout and then comes whole: the client reads the 408."""
     rest = 16 << 20
