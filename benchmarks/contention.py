@@ -5,7 +5,8 @@ A busy process is `python -c "while True: pass"`, started after the kernels are 
 killed after the timings of its level.  Each runtime runs in its own process (Numba's
 threading layer is chosen once per process, kernels/threads.py):
 
-    default        the default: oneTBB, the thread count chosen per pass (engine/threads.py)
+    default        the default: oneTBB on every thread
+    tbb adaptive   oneTBB with the thread count chosen per pass (engine/threads.py)
     omp            OpenMP static shares on every thread (the default before)
     omp passive    the same with OMP_WAIT_POLICY=passive (idle threads sleep, do not spin)
     tbb            oneTBB on every thread, no governor
@@ -37,9 +38,9 @@ CONFIGS = {                     # name -> (environment, speculative request meas
     "default": ({}, True),
     "omp": ({"SPECDEC_THREADING": "omp", "SPECDEC_ADAPTIVE_THREADS": "0"}, True),
     "omp passive": ({"SPECDEC_THREADING": "omp", "SPECDEC_ADAPTIVE_THREADS": "0", "OMP_WAIT_POLICY": "passive"}, False),
-    "tbb": ({"SPECDEC_THREADING": "tbb", "SPECDEC_ADAPTIVE_THREADS": "0"}, False),
+    "tbb adaptive": ({"SPECDEC_THREADING": "tbb", "SPECDEC_ADAPTIVE_THREADS": "1"}, False),
     "workqueue": ({"SPECDEC_THREADING": "workqueue", "SPECDEC_ADAPTIVE_THREADS": "0"}, False),
-    "omp adaptive": ({"SPECDEC_THREADING": "omp"}, False),
+    "omp adaptive": ({"SPECDEC_THREADING": "omp", "SPECDEC_ADAPTIVE_THREADS": "1"}, False),
     "-t 1": ({"SPECDEC_THREADS_FIXED": "1"}, False),
 }
 BUSY = "while True: pass"

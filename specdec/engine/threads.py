@@ -91,9 +91,24 @@ class Governor:
 
     def __init__(self) -> None:
         self.fixed = 0                          # -t N; 0: adaptive
-        self.adaptive = os.environ.get(ADAPTIVE_ENV, "1").strip() not in ("0", "false", "no")
+        env = os.environ.get(ADAPTIVE_ENV, "").strip().lower()
+        self._adaptive = None if not env else env not in ("0", "false", "no")
         self.kinds: dict[tuple, dict[int, PassKind]] = {}      # model -> row bucket -> times
         self._lock = threading.Lock()
+
+    @property
+    def adaptive(self) -> bool:
+        """SPECDEC_ADAPTIVE_THREADS if set, else on where the threading layer splits a region
+        into static shares (omp, workqueue) and off on oneTBB, whose work stealing kept as
+        much beside a busy process without it and lost nothing idle (docs/robustness.md)."""
+        if self._adaptive is None:
+            from ..kernels import threads as layer
+            self._adaptive = layer.describe()["threading_asked"] != "tbb"
+        return self._adaptive
+
+    @adaptive.setter
+    def adaptive(self, on: bool) -> None:
+        self._adaptive = bool(on)
 
     def counts(self) -> tuple[int, ...]:
         import numba

@@ -47,6 +47,7 @@ def test_a_models_busiest_kind_of_pass_decides_for_all():
     import numba
     from specdec.engine.threads import Governor
     gov, key, ran = Governor(), ("m", 1), []
+    gov.adaptive = True
     cores = numba.config.NUMBA_NUM_THREADS
     for _ in range(40):                                  # decode steps: one row each
         gov.run(key, 1, lambda: ran.append(numba.get_num_threads()))
@@ -68,7 +69,17 @@ def test_fixed_threads_turn_the_governor_off():
         assert GOVERNOR.describe()["threads_mode"] == "fixed 1"
     finally:
         threads.set_threads(0)
-    assert seen == [1] and GOVERNOR.describe()["threads_mode"] == "adaptive"
+    assert seen == [1] and GOVERNOR.describe()["threads_mode"] in ("adaptive", "all threads")
+
+
+def test_the_governor_is_on_where_the_layer_has_static_shares(monkeypatch):
+    from specdec.engine.threads import Governor
+    from specdec.kernels import threads as layer
+    monkeypatch.delenv("SPECDEC_ADAPTIVE_THREADS", raising=False)
+    on_tbb = layer.describe()["threading_asked"] == "tbb"
+    assert Governor().adaptive is not on_tbb
+    monkeypatch.setenv("SPECDEC_ADAPTIVE_THREADS", "1")
+    assert Governor().adaptive
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: T(s.qtype).name)
