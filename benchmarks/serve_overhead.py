@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import machine_info, write_json  # noqa: E402
 
 import specdec  # noqa: E402
-from specdec.frontends.serve.app import ServeConfig, create_app  # noqa: E402
+from specdec.frontends.serve.app import create_app  # noqa: E402
+from specdec.frontends.serve.jobs import ServeConfig  # noqa: E402
 from specdec.frontends.serve.scheduler import Job, Scheduler  # noqa: E402
 from specdec.api.request import Runner  # noqa: E402
 from specdec.generation.sampling import SamplerParams  # noqa: E402

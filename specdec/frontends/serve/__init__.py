@@ -1,3 +1,4 @@
 """`specdec serve`: an OpenAI-compatible HTTP server with continuous batching (app.py: the
-routes and wire format; scheduler.py: slots, queue and the batched step loop; metrics.py:
-the Prometheus counters)."""
+routes; jobs.py: a request to a Job; wire.py: the wire format; lifecycle.py: serving and
+draining; scheduler.py: slots, queue and the batched step loop; underload.py: drafting under
+load; metrics.py: the Prometheus counters)."""

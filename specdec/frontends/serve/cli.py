@@ -62,7 +62,7 @@ def serve(a, *, load, draft_options, set_threads, log, quant=None) -> int:
     the CLI runs ray.deploy instead: the same app as a Ray Serve deployment.)"""
     helpers = dict(load=load, draft_options=draft_options, set_threads=set_threads, log=log, quant=quant)
     app, scheduler = build(a, **helpers)
-    from .app import run_server
+    from .lifecycle import run_server
     return run_server(app, a.host, a.port, log=log, scheduler=scheduler, drain_s=a.drain_timeout)
 
 
@@ -87,11 +87,12 @@ def build(a, *, load, draft_options, set_threads, log, quant=None):
     `scheduler.run()`) of the serve flags: the models loaded in the calling thread's process,
     the slots allocated.  `specdec serve` and each Ray Serve replica build the same way."""
     try:
-        from .app import ServeConfig, create_app
+        from .app import create_app
+        from .jobs import ServeConfig
     except ImportError as e:             # the optional server stack is not installed
         raise ConfigError(f"specdec serve needs {e.name or 'FastAPI and uvicorn'}: "
                           f"pip install 'specdec[serve]'") from None
-    from .load import DraftCaps
+    from .underload import DraftCaps
     from .scheduler import Scheduler
     keys = check_flags(a)
     params = SamplerParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)

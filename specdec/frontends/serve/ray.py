@@ -43,7 +43,7 @@ def require_ray(flag: str = "--ray-replicas"):
 def check(a, draft_options=None) -> None:
     """The Ray flags and every server flag that needs no model, checked before a cluster starts."""
     from .cli import check_flags
-    from .load import DraftCaps
+    from .underload import DraftCaps
     if a.ray_replicas < 1:
         raise ConfigError(f"--ray-replicas must be >= 1, got {a.ray_replicas}")
     if a.ray_max_replicas is not None and a.ray_max_replicas < a.ray_replicas:

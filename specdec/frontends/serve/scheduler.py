@@ -16,8 +16,8 @@ Every row's logits are the same bits whichever batch it is in (the kernels are r
 independent; model.eval_batch is bitwise each session's own eval), so a request's tokens
 never depend on the load, with one lever left: how much a request drafts.  Greedy output is
 the same for any draft length, so greedy requests draft at most `DraftCaps.cap(batch size)`
-tokens (load.py: a table chosen from measured step costs, docs/serve.md).  A sampled request's random
-draws depend on its draft lengths, so its drafting is never touched by load: a seeded
+tokens (underload.py: a table chosen from measured step costs, docs/serve.md).  A sampled
+request's random draws depend on its draft lengths, so its drafting is never touched by load: a seeded
 sampled request gives the same tokens alone and under load.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from ...api.request import DraftOptions, Runner
 from ...generation.sampling import SamplerParams
 from ...text.tokenizer import StreamDecoder
 
-from .load import DraftCaps, LazyPrefill, LoadCappedPolicy
+from .underload import DraftCaps, LazyPrefill, LoadCappedPolicy
 from .logprobs import RowCursor, TokenLogprob, token_logprob
 from .metrics import Metrics
 from .tokenlog import TokenLog

@@ -1,16 +1,25 @@
 """The OpenAI wire format of `specdec serve`: the request bodies (pydantic models; unknown
-fields ignored, as OpenAI clients send many), the error body {"error": {"message", "type",
-"param", "code"}} and the API-key check in front of every route (`BearerAuth`)."""
+fields ignored, as OpenAI clients send many), the response objects of one request (`Shape`:
+the whole answer, the streamed chunks, usage and llama-server's `timings`), the error body
+{"error": {"message", "type", "param", "code"}} and the API-key check in front of every route
+(`BearerAuth`)."""
 from __future__ import annotations
 
 import hmac
-from typing import Any, Literal, Optional, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...speculation.drafters.prediction import SOURCE as PREDICTED
 from ...speculation.policies import DRAFT_N_MAX
-from .logprobs import MAX_TOP
+from .logprobs import MAX_TOP, chat_logprobs, completion_logprobs
+
+if TYPE_CHECKING:
+    from .scheduler import Job, JobResult
+
+FINISH = {"eog": "stop", "stop": "stop", "n_predict": "length", "ctx_full": "length"}
 
 
 class CommonRequest(BaseModel):
@@ -128,3 +137,86 @@ def validation_error(errs) -> ApiError:
         return ApiError(400, "the request body is not valid JSON")
     param = ".".join(loc) or None
     return ApiError(400, f"{param or 'body'}: {first.get('msg', 'invalid')}", param=param)
+
+
+# -- the response objects ----------------------------------------------------------------------
+
+def usage(r: JobResult) -> dict:
+    """OpenAI's usage; completion_tokens_details counts the predicted-output tokens as
+    OpenAI does: drafted from the prediction and accepted, or drafted and not accepted."""
+    s = r.gen.stats
+    pred = s.by_drafter.get(PREDICTED) if s is not None and s.by_drafter else None
+    accepted = pred.n_accepted if pred else 0
+    return {"prompt_tokens": r.gen.n_prompt, "completion_tokens": len(r.ids),
+            "total_tokens": r.gen.n_prompt + len(r.ids),
+            "completion_tokens_details": {"accepted_prediction_tokens": accepted,
+                                          "rejected_prediction_tokens": (pred.n_drafted - accepted) if pred else 0}}
+
+
+def timings(r: JobResult) -> dict:
+    """llama-server's per-response `timings`, plus queue_ms and the draft figures."""
+    t, s = r.gen.timings, r.gen.stats
+    n = len(r.ids)
+    out = {"prompt_n": r.gen.n_prompt, "prompt_ms": t.prompt_s * 1e3,
+           "prompt_per_second": r.gen.n_prompt / t.prompt_s if t.prompt_s > 0 else 0.0,
+           "predicted_n": n, "predicted_ms": t.decode_s * 1e3,
+           "predicted_per_token_ms": t.decode_s * 1e3 / n if n else 0.0,
+           "predicted_per_second": t.tokens_per_s, "queue_ms": r.queue_s * 1e3,
+           "draft_n": s.n_drafted if s else 0, "draft_n_accepted": s.n_accepted if s else 0}
+    if s is not None:
+        out.update(draft_steps=s.n_steps, draft_acceptance=s.acceptance_rate,
+                   tokens_per_step=s.tokens_per_step)
+    return out
+
+
+@dataclass
+class Shape:
+    """The OpenAI response objects of one request: the whole answer (`full`) or its stream of
+    chunks (`chunk`, `last_chunk`)."""
+    id: str
+    created: int
+    model: str
+    chat: bool
+    job: Job
+    tokenizer: Any = None
+    n_streamed: int = 0                     # tokens whose logprobs went out in chunks
+
+    def logprobs(self, lps, first: int = 0) -> dict | None:
+        """The `logprobs` object of a choice over lps, the tokens first.. of the answer."""
+        if self.job.logprobs is None:
+            return None
+        if self.chat:
+            return chat_logprobs(self.tokenizer, list(lps))
+        return completion_logprobs(self.tokenizer, list(lps),
+                                   self.job.text_offsets[first: first + len(lps)])
+
+    def head(self) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def chunk(self, text: str, role: bool = False, finish: str | None = None, lps=()) -> dict:
+        lp = self.logprobs(lps, self.n_streamed) if lps else None
+        self.n_streamed += len(lps)
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+        return {**self.head(), "choices": [choice]}
+
+    def last_chunk(self, r: JobResult, lps=()) -> dict:
+        return {**self.chunk("", finish=FINISH.get(r.gen.stop_reason, "stop"), lps=lps),
+                "usage": usage(r), "timings": timings(r)}
+
+    def full(self, r: JobResult) -> dict:
+        finish = FINISH.get(r.gen.stop_reason, "stop")
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": r.text},
+                      "logprobs": self.logprobs(r.logprobs or ()), "finish_reason": finish}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": r.text, "logprobs": self.logprobs(r.logprobs or ()),
+                      "finish_reason": finish}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": usage(r), "timings": timings(r)}
