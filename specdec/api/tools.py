@@ -153,8 +153,9 @@ def _call_rule(i: int, tool: Tool) -> list[str]:
             f"args{i}: %json {json.dumps(schema, ensure_ascii=False)}"]
 
 
-def grammar(tools: Sequence[Tool], choice: str) -> str | None:
-    """The Lark grammar (llguidance's dialect) an answer under `choice` follows; None: free text."""
+def grammar(tools: Sequence[Tool], choice: str, parallel: bool = True) -> str | None:
+    """The Lark grammar (llguidance's dialect) an answer under `choice` follows; None: free
+    text.  parallel False (OpenAI's parallel_tool_calls): at most one call."""
     if choice == "none" or not tools:
         return None
     chosen = [t for t in tools if t.name == choice] if choice not in CHOICES else list(tools)
@@ -166,7 +167,7 @@ def grammar(tools: Sequence[Tool], choice: str) -> str | None:
         start = "start: call0"
     else:
         start = "start: TEXT | calls" if choice == "auto" else "start: calls"
-        rules += ['calls: call ("\\n" call)*', f"call: {calls}"]
+        rules += ['calls: call ("\\n" call)*' if parallel else "calls: call", f"call: {calls}"]
     if choice == "auto":
         rules.append(f"TEXT: /(?s:.+)/ & ~/(?s:.*{re.escape(OPEN)}.*)/")
     return "\n".join([start, *rules]) + "\n"
