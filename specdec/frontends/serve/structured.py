@@ -55,7 +55,7 @@ def _schema_text(schema: Any, field: str) -> str:
 def _response_format(rf: Any) -> tuple[ConstraintSpec | None, str]:
     field = "response_format"
     if not isinstance(rf, dict) or rf.get("type") not in FORMATS:
-        raise ApiError(400, f"{field}: type must be one of {', '.join(FORMATS)}", param=f"{field}.type")
+        raise ApiError(400, f"{field}.type: must be one of {', '.join(FORMATS)}", param=f"{field}.type")
     kind = rf["type"]
     if kind == "text":
         return None, field

@@ -32,6 +32,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
              "additionalProperties": False}}}]
 MSGS = [{"role": "user", "content": "weather?"}]
 N = 48
+MODEL = "tiny"
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,8 @@ def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("structured")
     target = write_tiny_model(d / "target.gguf", JSON_SPEC)
     draft = write_tiny_model(d / "draft.gguf", replace(JSON_SPEC, n_layer=1))
-    s = Server(["-m", str(target), "-md", str(draft), "-np", "2", "-c", "256", "--draft-n", "4", "--draft-p", "0"],
+    s = Server(["-m", str(target), "-md", str(draft), "-np", "2", "-c", "256", "--draft-n", "4", "--draft-p", "0",
+                "--alias", MODEL],
                d / "server.log")
     yield s
     s.stop()
@@ -57,7 +59,7 @@ def valid(obj) -> bool:
 
 def test_response_format_json_schema_through_the_openai_client(server):
     out = server.client.chat.completions.create(
-        model="x", messages=MSGS, max_tokens=N, temperature=0,
+        model=MODEL, messages=MSGS, max_tokens=N, temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}})
     c = out.choices[0]
     assert c.finish_reason == "stop", c
@@ -86,7 +88,7 @@ def test_speculation_changes_nothing_under_a_constraint(server):
 
 def test_a_named_tool_is_answered_as_tool_calls(server):
     out = server.client.chat.completions.create(
-        model="x", messages=MSGS, max_tokens=N, temperature=0, tools=TOOLS,
+        model=MODEL, messages=MSGS, max_tokens=N, temperature=0, tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_time"}})
     c = out.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.content is None
@@ -100,7 +102,7 @@ def test_required_tool_calls_stream_as_deltas(server):
     assert whole["finish_reason"] == "tool_calls" and whole["message"]["tool_calls"]
     calls: dict[int, dict] = {}
     finish = None
-    for ch in server.client.chat.completions.create(model="x", messages=MSGS, max_tokens=N, temperature=0,
+    for ch in server.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=N, temperature=0,
                                                     tools=TOOLS, tool_choice="required", stream=True):
         d = ch.choices[0].delta if ch.choices else None
         for tc in (d.tool_calls or []) if d else []:
@@ -143,7 +145,7 @@ BIG = {"type": "object", "properties": {f"p{i}": {"type": "string", "description
      "response_format.json_schema.schema"),
     ({"json_schema": "{nope"}, "json_schema"),
     ({"json_schema": {"type": "string", "pattern": "(("}}, "json_schema"),
-    ({"grammar": "root ::= "}, "grammar"),
+    ({"grammar": 'root ::= "a" ('}, "grammar"),
     ({"grammar": "root ::= undefined_rule"}, "grammar"),
     ({"json_schema": SCHEMA, "grammar": 'root ::= "a"'}, "grammar"),
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
@@ -165,6 +167,6 @@ def test_bad_structured_input_is_a_400_naming_the_field(server, body, param):
     assert err["param"] == param and err["type"] == "invalid_request_error", err
     assert err["message"].startswith(param.split("[")[0])
     with pytest.raises(openai.BadRequestError):
-        server.client.chat.completions.create(model="x", messages=MSGS, max_tokens=4,
-                                              extra_body=body if "messages" not in body else {"grammar": "root ::= "})
+        server.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=4,
+                                              extra_body=body if "messages" not in body else {"grammar": "%%%"})
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
