@@ -62,7 +62,7 @@ def prepare(target, rows: list[dict]) -> list[dict]:
             tools = T.check_tools(r["tools"])
             tool = next(t for t in r["tools"] if t["function"]["name"] == r["tool_choice"])
             prompt = T.chat_prompt(target.tokenizer, r["messages"], tools, r["tool_choice"])
-            spec = ConstraintSpec("lark", T.grammar(tools, r["tool_choice"]))
+            spec = T.constraint(tools, r["tool_choice"])
             out.append({**r, "prompt": prompt, "spec": spec, "check": tool["function"]["parameters"],
                         "llama_prompt": prompt + "<tool_call>\n", "llama_schema": call_schema(tool)})
         else:

@@ -26,7 +26,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConstraintError
+from ..generation.constraint import ConstraintSpec
 from ..text import template
 
 MAX_TOOLS = 128
@@ -36,12 +37,11 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CHOICES = ("auto", "none", "required")
 
 
-class ToolError(ConfigError):
+class ToolError(ConstraintError):
     """A tool definition or tool_choice is invalid; `field` names it (OpenAI's `param`)."""
 
     def __init__(self, message: str, field: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
+        super().__init__(f"{field}: {message}", field)
 
 
 @dataclass(frozen=True)
@@ -171,6 +171,12 @@ def grammar(tools: Sequence[Tool], choice: str, parallel: bool = True) -> str | 
     if choice == "auto":
         rules.append(f"TEXT: /(?s:.+)/ & ~/(?s:.*{re.escape(OPEN)}.*)/")
     return "\n".join([start, *rules]) + "\n"
+
+
+def constraint(tools: Sequence[Tool], choice: str, parallel: bool = True) -> ConstraintSpec | None:
+    """The ConstraintSpec of `grammar` (for generate(constraint=...)); None: free text."""
+    g = grammar(tools, choice, parallel)
+    return None if g is None else ConstraintSpec("lark", g)
 
 
 # -- the prompt -----------------------------------------------------------------------------

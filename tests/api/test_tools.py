@@ -194,3 +194,11 @@ def test_streamed_deltas_join_into_the_parse(text, cuts):
     assert content.strip() == (want_content or "").strip()
     assert [(c["index"], c["id"], c["function"]) for c in calls] == \
            [(i, c.id, c.openai()["function"]) for i, c in enumerate(want_calls)]
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", "get_weather"])
+def test_each_grammar_is_a_valid_constraint(choice):
+    pytest.importorskip("llguidance")
+    T.constraint(TOOLS, choice).check()
+    T.constraint(TOOLS, choice, parallel=False).check()
+    assert T.constraint(TOOLS, "none") is None

@@ -100,8 +100,7 @@ def structured(body, chat: bool) -> Structured:
         given.append((ConstraintSpec("gbnf", body.grammar) if body.grammar.strip() else None, "grammar"))
     tools, choice = _tools(body) if chat else ((), "none")
     if chat and tools and choice != "none":
-        lark = T.grammar(tools, choice, parallel=body.parallel_tool_calls is not False)
-        given.append((ConstraintSpec("lark", lark), "tools"))
+        given.append((T.constraint(tools, choice, parallel=body.parallel_tool_calls is not False), "tools"))
     given = [(c, f) for c, f in given if c is not None]
     if len(given) > 1:
         names = ", ".join(f.split(".")[0] for _, f in given)
