@@ -8,13 +8,15 @@ template, tool_choice naming the function: api/tools.py's grammar, the answer on
 <tool_call> block).
 
 Configurations (each prompt, each timed from the call to its return, prefill included):
-    plain             the constraint alone, no drafting
+    plain             the constraint alone, no drafting (the reference law)
+    forced            the grammar's forced tokens drafted, nothing else (draft='forced')
     model             the 0.5B draft model (threshold policy, n 5, p 0.9: llama.cpp's)
     prompt-lookup     n-grams of the prompt
     suffix            the suffix drafter
     defaults          the defaults (draft= the model: hybrid lookup / model, adaptive length)
-    forced            the grammar's forced tokens drafted, nothing else
-    forced + defaults the forced tokens where the grammar forces text, the defaults elsewhere
+Under a constraint every drafter drafts the grammar's forced tokens first wherever the grammar
+forces text (speculation/constrained.py), so model, prompt-lookup, suffix and defaults are
+each "forced + that drafter"; `defaults` is forced-token drafting with the defaults.
     llama-plain       llama-server -m T, /completion with the same json_schema
     llama-md          llama-server -m T -md D (draft 5, p-min 0.9), the same
 llama-server answers each tool row after the prompt and "<tool_call>\\n", with the schema of the
@@ -38,7 +40,7 @@ from pathlib import Path
 
 from common import QWEN_DRAFT, QWEN_TARGET, load_prompts, machine_info, write_json
 
-SPECDEC = ("plain", "model", "prompt-lookup", "suffix", "defaults", "forced", "forced + defaults")
+SPECDEC = ("plain", "forced", "model", "prompt-lookup", "suffix", "defaults")
 LLAMA = ("llama-plain", "llama-md")
 
 
@@ -124,9 +126,7 @@ def options(name: str, draft, store):
     return {"plain": {}, "model": {"draft": model},
             "prompt-lookup": {"draft": DraftOptions(kind="prompt-lookup")},
             "suffix": {"draft": DraftOptions(kind="suffix", suffix_store=store)},
-            "defaults": {"draft": draft},
-            "forced": {"draft_forced": True},
-            "forced + defaults": {"draft": draft, "draft_forced": True}}[name]
+            "defaults": {"draft": draft}, "forced": {"draft": "forced"}}[name]
 
 
 def run_specdec(name: str, target, draft, rows: list[dict], n_predict: int) -> list[dict]:
