@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -139,9 +140,10 @@ class _Encode:
         eog = sorted(tokenizer.eog_ids) or ([tokenizer.eos_id] if tokenizer.eos_id is not None else [])
         self.eos_token_id = eog[0] if eog else 0
         self.bos_token_id = tokenizer.bos_id
-        pieces = [b"\xff" + p if a & CONTROL else p for p, a in zip(tokenizer.pieces, tokenizer.attrs)]
+        special = {i for i, a in enumerate(tokenizer.attrs) if a & CONTROL} | set(eog)   # never text
+        pieces = [b"\xff" + p if i in special else p for i, p in enumerate(tokenizer.pieces)]
         self.tokens = pieces + [b""] * (n_vocab - len(pieces))     # padded ids print nothing
-        self.special_token_ids = [i for i, a in enumerate(tokenizer.attrs) if a & CONTROL]
+        self.special_token_ids = sorted(special)
 
     def __call__(self, text: "bytes | str") -> list[int]:
         if isinstance(text, bytes):
@@ -175,11 +177,16 @@ class Constraint:
         if self._m.is_error():
             raise ConstraintError(f"{spec.field}: {_one_line(self._m.get_error())}", spec.field)
         self.n_consumed = 0             # tokens consumed since the start (or reset)
+        self.mask_s, self.n_masks = 0.0, 0   # time spent computing masks, masks computed
 
     def mask(self) -> np.ndarray:
         """(V,) bool: the tokens allowed next (end-of-generation ids where the grammar may end)."""
+        t = time.perf_counter()
         bits = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
-        return np.unpackbits(bits, bitorder="little")[: self.n_vocab].astype(bool)
+        out = np.unpackbits(bits, bitorder="little")[: self.n_vocab].view(bool)
+        self.mask_s += time.perf_counter() - t
+        self.n_masks += 1
+        return out
 
     def allowed(self, token: int) -> bool:
         return self._m.validate_tokens([int(token)]) == 1
@@ -239,6 +246,7 @@ def compile_constraint(spec: ConstraintSpec, tokenizer, n_vocab: int | None = No
         _COMPILED[key] = proto
     c = object.__new__(Constraint)
     c.spec, c.n_vocab, c.eos_ids, c.n_consumed = proto.spec, proto.n_vocab, proto.eos_ids, 0
+    c.mask_s, c.n_masks = 0.0, 0
     c._m = proto._m.deep_copy()
     return c
 
@@ -247,7 +255,8 @@ def masked(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """logits with every forbidden id at -inf: (V,) or (M, V) with a mask of the same shape
     (float32, a copy).  What sampling.probs then warps is the masked, renormalised law."""
     out = np.array(logits, dtype=np.float32, copy=True)
-    out[..., : mask.shape[-1]][~mask] = -np.inf
-    if out.shape[-1] > mask.shape[-1]:
-        out[..., mask.shape[-1]:] = -np.inf
+    w = min(out.shape[-1], mask.shape[-1])
+    view = out[..., :w]
+    view[~mask[..., :w]] = -np.inf
+    out[..., w:] = -np.inf                            # ids past the mask: none allowed
     return out
