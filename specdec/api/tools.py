@@ -35,6 +35,7 @@ MAX_SCHEMA_CHARS = 64_000          # a tool's parameters schema, as compact JSON
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CHOICES = ("auto", "none", "required")
+COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}   # llguidance's JSON options
 
 
 class ToolError(ConstraintError):
@@ -148,7 +149,8 @@ def _lark_str(s: str) -> str:
 
 def _call_rule(i: int, tool: Tool) -> list[str]:
     head = '{"name": ' + json.dumps(tool.name) + ', "arguments": '
-    schema = tool.parameters if tool.parameters is not None else {"type": "object"}
+    schema = dict(tool.parameters) if tool.parameters is not None else {"type": "object"}
+    schema["x-guidance"] = COMPACT         # as the template writes calls: no free whitespace
     return [f"call{i}: {_lark_str(OPEN + chr(10) + head)} args{i} {_lark_str('}' + chr(10) + CLOSE)}",
             f"args{i}: %json {json.dumps(schema, ensure_ascii=False)}"]
 

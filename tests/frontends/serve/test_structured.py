@@ -32,6 +32,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
              "additionalProperties": False}}}]
 MSGS = [{"role": "user", "content": "weather?"}]
 N = 48
+NT = 200          # a tool call: ~80 one-character tokens of forced text around the arguments
 MODEL = "tiny"
 
 
@@ -40,7 +41,7 @@ def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("structured")
     target = write_tiny_model(d / "target.gguf", JSON_SPEC)
     draft = write_tiny_model(d / "draft.gguf", replace(JSON_SPEC, n_layer=1))
-    s = Server(["-m", str(target), "-md", str(draft), "-np", "2", "-c", "256", "--draft-n", "4", "--draft-p", "0",
+    s = Server(["-m", str(target), "-md", str(draft), "-np", "2", "-c", "1536", "--draft-n", "4", "--draft-p", "0",
                 "--alias", MODEL],
                d / "server.log")
     yield s
@@ -88,7 +89,7 @@ def test_speculation_changes_nothing_under_a_constraint(server):
 
 def test_a_named_tool_is_answered_as_tool_calls(server):
     out = server.client.chat.completions.create(
-        model=MODEL, messages=MSGS, max_tokens=N, temperature=0, tools=TOOLS,
+        model=MODEL, messages=MSGS, max_tokens=NT, temperature=0, tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_time"}})
     c = out.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.content is None
@@ -98,12 +99,13 @@ def test_a_named_tool_is_answered_as_tool_calls(server):
 
 
 def test_required_tool_calls_stream_as_deltas(server):
-    whole = chat(server, tools=TOOLS, tool_choice="required")["choices"][0]
+    whole = chat(server, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=NT)["choices"][0]
     assert whole["finish_reason"] == "tool_calls" and whole["message"]["tool_calls"]
     calls: dict[int, dict] = {}
     finish = None
-    for ch in server.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=N, temperature=0,
-                                                    tools=TOOLS, tool_choice="required", stream=True):
+    for ch in server.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=NT, temperature=0,
+                                                    tools=TOOLS, tool_choice="required", stream=True,
+                                                    parallel_tool_calls=False):
         d = ch.choices[0].delta if ch.choices else None
         for tc in (d.tool_calls or []) if d else []:
             c = calls.setdefault(tc.index, {"name": "", "arguments": ""})
