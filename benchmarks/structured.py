@@ -285,6 +285,7 @@ def main(argv=None) -> None:
         target.generate(rows[0]["prompt"], 4, constraint=rows[0]["spec"], draft=draft)
     print(f"{len(rows)} prompts; grammars and kernels ready in {time.perf_counter() - t:.1f} s", flush=True)
     results: dict[str, list[dict]] = {}
+    mask: dict = {}
     for name in configs:
         t = time.perf_counter()
         if name in SPECDEC:
@@ -296,12 +297,17 @@ def main(argv=None) -> None:
                 continue
             results[name] = run_llama(name, exe, rows, a.n_predict, a.out)
         print(f"{name}: {len(results[name])} answers in {time.perf_counter() - t:.0f} s", flush=True)
-    mask = mask_cost(target, rows, results["plain"]) if "plain" in results else {}
+        if name == "plain":
+            mask = mask_cost(target, rows, results["plain"])
+        write(a, rows, results, mask, llamacpp_build())      # after each: a cut run keeps what it measured
+    print(markdown(summarize(results), mask))
+
+
+def write(a, rows: list[dict], results: dict, mask: dict, build) -> None:
     summary = summarize(results)
-    print(markdown(summary, mask))
     machine = machine_info()
     write_json(a.out / "structured.json", {
-        "machine": machine, "llamacpp_build": llamacpp_build(), "target": QWEN_TARGET, "draft": QWEN_DRAFT,
+        "machine": machine, "llamacpp_build": build, "target": QWEN_TARGET, "draft": QWEN_DRAFT,
         "n_predict": a.n_predict, "prompts": [r["id"] for r in rows], "summary": summary, "mask": mask,
         "rows": {n: [{k: v for k, v in r.items() if k != "ids"} for r in rs] for n, rs in results.items()}})
     plot(summary, a.out / "structured.png", machine.get("cpu", "?"))
