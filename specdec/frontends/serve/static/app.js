@@ -133,7 +133,7 @@ function schedule(a) {
 function draw(a) {
   const near = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
   // with tool calls the tokens spell the whole answer (<tool_call> blocks and all): shown so
-  render(a.calls.length && a.tokens.length ? a.tokens.map((t) => t.text).join("") : a.text, a.tokens, a.body);
+  render((a.tools || a.calls.length) && a.tokens.length ? a.tokens.map((t) => t.text).join("") : a.text, a.tokens, a.body);
   drawCalls(a);
   drawPanel(a);
   if (near) a.el.scrollIntoView({ block: "end" });
@@ -169,6 +169,7 @@ async function send(text) {
                  stream: true, specdec: { tokens: true }, ...options() };
   const a = newAnswer();
   try { Object.assign(body, toolOptions()); } catch (e) { a.el.appendChild(el("div", "error", "tools: " + e.message)); }
+  a.tools = Boolean(body.tools) && body.tool_choice !== "none";
   a.sampled = body.temperature === undefined || body.temperature > 0;
   busy = new AbortController();
   $("send").disabled = true;
