@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 pytest.importorskip("llguidance")
 
@@ -55,6 +56,19 @@ def test_bad_constraints_are_one_line_errors_naming_the_field(spec, field, needl
         spec.check()
     assert e.value.field == field and needle in str(e.value) and "\n" not in str(e.value)
     assert isinstance(e.value, specdec.SpecdecError)
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(["json_schema", "gbnf", "regex", "lark"]),
+       source=st.one_of(st.text(max_size=120), st.sampled_from([
+           '{"type": "foo"}', '{"type": "object", "properties": 3}', '{"$ref": "#/nope"}', "true",
+           'root ::= "a" root2', 'root ::= [z-a]', "start: /(/", "(?P<x>a)", "a{99999999}",
+           '{"type": "string", "pattern": "("}'])))
+def test_any_source_checks_or_is_a_constraint_error(kind, source):
+    try:
+        ConstraintSpec(kind, source).check()
+    except ConstraintError as e:
+        assert "\n" not in str(e) and e.field in ("json_schema", "grammar", "regex")
 
 
 def test_good_constraints_check_and_of():
