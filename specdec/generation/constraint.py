@@ -82,13 +82,16 @@ class ConstraintSpec:
             return llg.grammar_from(self.kind, self.source)
         except ConstraintError:
             raise
-        except (ValueError, TypeError) as e:
+        except Exception as e:                        # the library's parse errors: ValueError, RuntimeError, ...
             raise ConstraintError(f"{self.field}: {_one_line(e)}", self.field) from None
 
     def check(self) -> None:
         """Raise ConstraintError (one line, naming the field) unless this constrains anything."""
         grammar = self.grammar()
-        is_error, messages = _llguidance().LLMatcher.validate_grammar_with_warnings(grammar)
+        try:
+            is_error, messages = _llguidance().LLMatcher.validate_grammar_with_warnings(grammar)
+        except Exception as e:
+            is_error, messages = True, [str(e)]
         if is_error:
             raise ConstraintError(f"{self.field}: {_one_line(messages[0] if messages else 'invalid')}",
                                   self.field)

@@ -73,7 +73,7 @@ def test_tiny_vocabulary_has_several_tokenizations_of_one_text():
     assert not c.done and c.n_consumed == 3 and {"1", "12", "x", "a", "ab"} <= _allowed(c)
 
 
-# ---- drafters, each a function of (target session, draft session, tree_k) ---------------------
+# ---- drafters, each a function of (target session, draft session, sampler params) -------------
 DRAFTERS = {
     "model": lambda t, d, p: ModelDrafter(d, p),
     "forced": lambda t, d, p: ForcedDrafter(None, V),

@@ -27,6 +27,9 @@ forced.ForcedDrafter (under a constraint, the tokens its grammar forces, then th
 drafter; q one-hot); base.py the interface.  `make_drafter`
 builds one from a name, a Model or a Drafter.
 Each Draft names its `source`, so statistics can be kept per drafter.
+Under a constraint (a grammar, a JSON schema) the loop calls `constrain(constraint)` first: a
+drafter that samples masks its q with it (ModelDrafter); one-hot drafts are cut at their first
+forbidden token by the loop (speculation/constrained.py).
 """
 from __future__ import annotations
 
