@@ -44,6 +44,7 @@ from .wire import (ApiError, BearerAuth, ChatRequest, CommonRequest, CompletionR
                    error_response, usage, validation_error)
 
 RETRY_AFTER_S = 1
+POLL_S = 0.25           # how often a waiting request looks for its client gone or its job cancelled
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -174,9 +175,8 @@ async def _serve(scheduler: Scheduler, config: ServeConfig, body: CommonRequest,
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
         while True:
-            try:
-                kind, value = await asyncio.wait_for(events.get(), 0.25)
-            except asyncio.TimeoutError:
+            kind, value = await _next_event(job, events)
+            if kind is None:
                 if await request.is_disconnected():
                     job.cancel()
                     return JSONResponse(error_body("client disconnected"), status_code=499)
@@ -189,6 +189,23 @@ async def _serve(scheduler: Scheduler, config: ServeConfig, body: CommonRequest,
         if not job.finished.is_set():
             job.cancel()
 
+
+
+async def _next_event(job: Job, events: asyncio.Queue) -> tuple:
+    """The job's next event, (None, None) after POLL_S without one, or at once ('error',
+    Cancelled) when the server has cancelled the job (the drain deadline, Scheduler.cancel_all):
+    its 503 goes out now, not when the scheduler's current step ends and it acknowledges the
+    cancel.  A step can outlast uvicorn's own shutdown deadline (DRAIN_GRACE_S later) on a
+    loaded host, and uvicorn then cancels the request and answers a bare text 500."""
+    if not job.cancelled.is_set():
+        try:
+            return await asyncio.wait_for(events.get(), POLL_S)
+        except asyncio.TimeoutError:
+            if not job.cancelled.is_set():
+                return None, None
+    if not events.empty():                      # what the scheduler sent first (its own answer)
+        return events.get_nowait()
+    return "error", Cancelled(job.cancel_reason or "the request was cancelled")
 
 
 def _as_api_error(e: Exception) -> ApiError:
@@ -210,7 +227,9 @@ async def _sse(job: Job, events: asyncio.Queue, shape: Shape, usage_chunk: bool)
         if shape.chat:
             yield data(shape.chunk("", role=True))
         while True:
-            kind, value = await events.get()
+            kind, value = await _next_event(job, events)
+            if kind is None:
+                continue
             if kind == "logprobs":
                 pending += value
             elif kind == "specdec":

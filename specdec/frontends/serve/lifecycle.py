@@ -26,6 +26,8 @@ def run_server(app: FastAPI, host: str, port: int, log=print, scheduler: Schedul
     Retry-After (uvicorn, given a few seconds more, would otherwise drop them with a bare 500)."""
     import uvicorn
 
+    from .linger import LingeringH11Protocol      # a refused body's answer reaches the client
+
     class _Server(uvicorn.Server):
         async def startup(self, sockets=None):
             await super().startup(sockets)
@@ -37,6 +39,7 @@ def run_server(app: FastAPI, host: str, port: int, log=print, scheduler: Schedul
             self._captured_signals.clear()          # a drained shutdown is a clean exit
 
     server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                    http=LingeringH11Protocol,
                                     timeout_graceful_shutdown=drain_s + DRAIN_GRACE_S))
     if scheduler is None:
         server.run()

@@ -198,3 +198,49 @@ def test_soak_ci_sized(model_files, tmp_path):
     fig = soak.check(res)
     assert fig["requests"] >= 20 and fig["answers_compared"] >= 10
     assert fig["cancelled"] >= 1 and fig["bad"] >= 1
+
+
+def _urllib_post(url: str, data, headers: dict) -> tuple[int, dict]:
+    """(status, JSON body) of a POST sent the way urllib sends it: the whole body first, then
+    the answer read (a refused body must still reach the client, not a connection reset)."""
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize("size", [5000, 300_000, 16 << 20])
+def test_a_body_sent_whole_gets_its_413(limited, size):
+    """urllib sends the whole body before it reads: the server answers 413 at once and reads
+    and discards the rest (a lingering close) instead of resetting the connection under it."""
+    status, body = _urllib_post(limited.url + "/v1/completions", b"a" * size, {})
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    assert httpx.get(limited.url + "/health").json()["slots_idle"] == 1
+
+
+def test_requests_gets_the_413_of_a_body_sent_whole(limited):
+    requests = pytest.importorskip("requests")
+    r = requests.post(limited.url + "/v1/completions", data=b"a" * (16 << 20), timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_stalled_body_sent_on_afterwards_gets_its_408(model_files, tmp_path):
+    """A body that stalls past --body-timeout and then comes whole: the client reads the 408."""
+    rest = 16 << 20
+    s = Server(["-m", str(model_files[0]), "-np", "1", "-c", "128", "--max-body", str(32 << 20),
+                "--body-timeout", "1"], tmp_path / "log")
+
+    def body():
+        yield b'{"prompt": "'
+        time.sleep(2.0)                                         # --body-timeout 1
+        yield b"a" * rest
+    try:
+        status, err = _urllib_post(s.url + "/v1/completions", body(),
+                                   {"Content-Length": str(len(b'{"prompt": "') + rest)})
+        assert status == 408 and err["error"]["code"] == "timeout"
+    finally:
+        s.stop()

@@ -5,6 +5,7 @@ Tiny synthetic models (tests/synth.py); the `real` tests use smollm2-135m."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -15,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from servers import SPEC, Server
+from servers import ROOT, SPEC, Server
 from synth import write_tiny_model
 
 
@@ -339,6 +340,50 @@ def test_requests_past_the_drain_deadline_get_503_with_the_error_body(model_file
         assert r.status_code == 503 and r.headers["Retry-After"], (r.status_code, r.text)
         err = r.json()["error"]
         assert err["code"] == "cancelled" and "shut down before the request finished" in err["message"]
+    finally:
+        s.stop()
+
+
+SLOW_STEPS = """
+import os, time
+import specdec.frontends.serve.scheduler as scheduler
+_run_evals = scheduler.run_evals
+
+def run_evals(evals):                                       # a step that outlasts the drain grace
+    time.sleep(float(os.environ["SPECDEC_TEST_STEP_S"]))
+    return _run_evals(evals)
+
+scheduler.run_evals = run_evals
+"""
+
+
+def test_the_drain_deadline_answers_503_while_a_long_step_runs(model_files, tmp_path):
+    """A request running at the --drain-timeout deadline gets its 503 with OpenAI's error body
+    from the HTTP side at once, not when the scheduler's current step ends: a step longer than
+    the grace before uvicorn's own deadline (a loaded host, a long prompt) would otherwise let
+    uvicorn cancel the request and answer its plain-text 500.  Each step here takes 8 s."""
+    target, _ = model_files
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_STEPS)
+    s = Server(["-m", str(target), "-np", "1", "-c", "256", "--drain-timeout", "0.5"], tmp_path / "log",
+               env={"PYTHONPATH": f"{hook}{os.pathsep}{ROOT}", "SPECDEC_TEST_STEP_S": "8"})
+    try:
+        got = {}
+
+        def ask():
+            got["r"] = s.post("/v1/completions", {"prompt": "abc", "max_tokens": 20, "ignore_eos": True})
+        t = threading.Thread(target=ask)
+        t.start()
+        s.wait_busy()
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        t.join(60)
+        waited = time.monotonic() - t0
+        r = got["r"]
+        assert r.status_code == 503 and r.headers["Retry-After"], (r.status_code, r.text)
+        assert r.json()["error"]["code"] == "cancelled" and waited < 5, waited
+        assert s.proc.wait(60) == 0                 # the step ends, the slot is freed, exit 0
     finally:
         s.stop()
 
