@@ -30,9 +30,10 @@ _kernels_here()
 # Conversation) -> frontends/ (cli, chat, serve, bench, report).  Users' names are
 # re-exported here.
 from .api import Completion, Conversation, DraftOptions, Model, load  # noqa: E402
-from .errors import (ConfigError, ContextOverflowError, GGUFError,  # noqa: E402
+from .errors import (ConfigError, ConstraintError, ContextOverflowError, GGUFError,  # noqa: E402
                      IncompatibleDraftError, SpecdecError, TokenizerError, UnsupportedModelError)
-from .speculation.drafters import (Draft, Drafter, HybridDrafter, ModelDrafter,  # noqa: E402
+from .generation.constraint import ConstraintSpec  # noqa: E402
+from .speculation.drafters import (Draft, Drafter, ForcedDrafter, HybridDrafter, ModelDrafter,  # noqa: E402
                                    PredictionDrafter, PromptLookupDrafter, SuffixDrafter, SuffixStore)
 from .speculation.policies import AdaptiveLength, DraftPolicy, FixedLength, Threshold  # noqa: E402
 
@@ -40,5 +41,6 @@ __all__ = ["load", "Model", "Completion", "Conversation", "DraftOptions", "Draft
            "ModelDrafter", "PredictionDrafter", "PromptLookupDrafter", "HybridDrafter", "SuffixDrafter", "SuffixStore",
            "DraftPolicy", "FixedLength",
            "Threshold", "AdaptiveLength", "SpecdecError", "GGUFError", "UnsupportedModelError",
-           "TokenizerError", "ContextOverflowError", "IncompatibleDraftError", "ConfigError"]
+           "TokenizerError", "ContextOverflowError", "IncompatibleDraftError", "ConfigError",
+           "ConstraintSpec", "ConstraintError", "ForcedDrafter"]
 __version__ = "0.1.0"

@@ -43,3 +43,13 @@ class ResourceError(SpecdecError):
 
 class CacheFileError(SpecdecError):
     """The lookup cache file (--lookup-cache) cannot be read or written, or is for another model."""
+
+
+class ConstraintError(SpecdecError):
+    """A JSON schema, grammar or regular expression that cannot constrain generation (invalid,
+    or over the stated size limit).  `field` names what was wrong: 'json_schema', 'grammar',
+    'regex', 'response_format', ... (the request field or CLI flag a front-end reports)."""
+
+    def __init__(self, message: str, field: str = "grammar"):
+        super().__init__(message)
+        self.field = field

@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import ConfigError, ContextOverflowError
 from .model import Model
 from .request import Completion, DraftOptions, Runner
+from ..generation.constraint import ConstraintSpec
 from ..generation.sampling import SamplerParams
 from ..speculation.trace import TraceSink
 from ..text.template import CHATML, ROLES, chat_prompt, check_messages, render  # noqa: F401
@@ -92,12 +93,18 @@ class Conversation:
     def say(self, text: str, n_predict: int = 128, *,
             on_token: Callable[[int, str], None] | None = None,
             trace: "TraceSink | None" = None,
-            prediction: "str | Sequence[int] | None" = None) -> "Completion":
+            prediction: "str | Sequence[int] | None" = None,
+            grammar: str | None = None, json_schema: "dict | str | None" = None,
+            constraint: "ConstraintSpec | None" = None) -> "Completion":
         """Add a user turn, generate the assistant's answer (streamed through on_token) and
         add it to the conversation.  prediction: what this answer is expected to be, drafted
-        first (Model.generate's prediction=; this turn only)."""
+        first (Model.generate's prediction=; this turn only).  grammar / json_schema /
+        constraint: this answer must fit it (Model.generate's; this turn only)."""
         if not isinstance(text, str):
             raise ConfigError(f"say() takes the user's text, got {type(text).__name__}")
+        spec = ConstraintSpec.of(grammar, json_schema, constraint)
+        if spec is not None:
+            spec.check()
         question = {"role": "user", "content": text}
         ids = self.model.tokenize(chat_prompt(self.model.tokenizer, [*self.messages, question]))
         if len(ids) + 1 > self.n_ctx:
@@ -116,7 +123,7 @@ class Conversation:
         try:
             self.runner.predict(prediction)
             res = self.runner.run(ids, n_predict, on_token=record, trace=trace,
-                                  n_keep=len(self._ids))
+                                  n_keep=len(self._ids), constraint=spec)
         except KeyboardInterrupt:           # Ctrl-C: keep the question and the partial answer
             self._settle(ids, emitted, interrupted=True)
             self.messages += [question, {"role": "assistant", "content": self.model.detokenize(emitted)}]

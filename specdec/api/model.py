@@ -25,6 +25,7 @@ from ..engine.weights import Weights
 from ..engine.requant import Requant
 from ..speculation.policies import DraftPolicy
 from .request import Completion, DraftOptions, Runner
+from ..generation.constraint import ConstraintSpec
 from ..generation.sampling import SamplerParams
 from ..text.template import chat_prompt
 from ..text.tokenizer import Tokenizer
@@ -134,7 +135,9 @@ class Model:
                  ignore_eos: bool = False, n_ctx: int | None = None,
                  on_token: Callable[[int, str], None] | None = None,
                  trace: TraceSink | None = None,
-                 prediction: str | Sequence[int] | None = None) -> Completion:
+                 prediction: str | Sequence[int] | None = None,
+                 grammar: str | None = None, json_schema: "dict | str | None" = None,
+                 constraint: ConstraintSpec | None = None) -> Completion:
         """Generate up to n_predict tokens after `prompt` (text with special tokens parsed and
         BOS as the metadata says, or a list of ids).  With `draft=` the tokens come from
         speculative decoding, with exactly the target's output law (greedy: the same ids).
@@ -166,7 +169,16 @@ class Model:
         starts from, OpenAI's predicted outputs: drafted first wherever the output follows
         it (drafters.PredictionDrafter; accepted tokens reach on_token as 'predicted'), the
         other drafting elsewhere; with no draft= at all, the prediction alone.  The output
-        law is unchanged (greedy: the same ids, whatever the prediction says)."""
+        law is unchanged (greedy: the same ids, whatever the prediction says).
+        grammar (GBNF text, as llama.cpp writes it), json_schema (a dict or its JSON text) or
+        constraint (a generation.constraint.ConstraintSpec: also any JSON object, a regex, a
+        Lark grammar), at most one: the output fits it, with exactly the law of sampling under
+        the grammar's mask (each drafted position masked too; the forced text drafted for
+        free); the grammar's end stops generation (stop_reason 'eog'), n_predict before it
+        'n_predict'.  An invalid one: ConstraintError naming the field."""
+        spec = ConstraintSpec.of(grammar, json_schema, constraint)
+        if spec is not None:
+            spec.check()
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         options = DraftOptions.of(draft, draft_model, n=draft_n, p=draft_p, policy=draft_policy,
                                   lookup_ngram_min=lookup_ngram_min,
@@ -177,7 +189,7 @@ class Model:
         params = SamplerParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         runner = Runner(self, params, options, seed=seed, ignore_eos=ignore_eos, n_ctx=n_ctx)
         runner.predict(prediction)
-        res = runner.run(prompt_ids, n_predict, on_token=on_token, trace=trace)
+        res = runner.run(prompt_ids, n_predict, on_token=on_token, trace=trace, constraint=spec)
         runner.remember(prompt_ids, res.ids)
         return runner.completion(prompt_ids, res)
 

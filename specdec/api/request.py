@@ -18,6 +18,7 @@ from ..speculation.drafters import (DRAFTER_NAMES, Drafter, PredictionDrafter, S
                                    check_lookup_options, make_drafter)
 from ..errors import ConfigError, ContextOverflowError
 from ..kernels.cpu import verify_growth
+from ..generation.constraint import Constraint, ConstraintSpec, compile_constraint
 from ..generation.plain import plain_steps
 from ..generation.interfaces import GenerationResult, OnToken, Session, SpecStats, Steps, Timings, drive
 from ..speculation.policies import (DRAFT_N_MAX, POLICY_NAMES, AdaptiveLength, DraftPolicy, FixedLength,
@@ -50,7 +51,8 @@ SEED_N, SEED_P = 5, 0.9  # --draft-n / --draft-p when only the other one (or --d
 class DraftOptions:
     """How a request drafts.  kind None, no model and no drafter: plain decoding.
 
-    kind: 'model' (the draft `model`), 'prompt-lookup' (n-grams of lookup_ngram_min..max
+    kind: 'model' (the draft `model`), 'forced' (under a constraint, the tokens its grammar
+    forces: drafters.ForcedDrafter, no model), 'prompt-lookup' (n-grams of lookup_ngram_min..max
     tokens; a match of n tokens copies at most lookup_copy_ratio · n of them, 0: n),
     'suffix' (the same n-grams, the most frequent continuation of the longest match in the
     context and in `suffix_store`, drafters/suffix.py) or 'hybrid' (lookup where it matches,
@@ -228,6 +230,7 @@ class Runner:
         self.drafter, self.policy = draft.build(model, params, self.n_ctx)
         self.options, self._base = draft, (self.drafter, self.policy)
         self.tree_k = draft.tree
+        self.constraint: Constraint | None = None      # the last request's matcher (its mask_s, n_masks)
         self.store = draft.suffix_store if draft.suffix_store is not None else getattr(self.drafter, "store", None)
         if self.store is not None:
             self.store.bind(int(model.config.n_vocab))
@@ -260,17 +263,28 @@ class Runner:
             self.store.add([*prompt_ids, *ids], key=key)
 
     def steps(self, prompt_ids: Sequence[int], n_predict: int, *, on_token: OnToken | None = None,
-              trace: TraceSink | None = None, n_keep: int = 0) -> Steps:
-        """The request as a coroutine over target passes (interfaces.Steps)."""
+              trace: TraceSink | None = None, n_keep: int = 0,
+              constraint: "ConstraintSpec | Constraint | None" = None) -> Steps:
+        """The request as a coroutine over target passes (interfaces.Steps).  constraint: the
+        output must fit it (a ConstraintSpec, compiled here for this request, or a fresh
+        compiled Constraint of the caller's; `self.constraint` is the one in use)."""
         if len(prompt_ids) + 1 > self.n_ctx:
             raise ContextOverflowError(
                 f"prompt of {len(prompt_ids)} tokens does not fit --ctx-size {self.n_ctx}")
+        self.constraint = c = self.compile(constraint)
         if self.drafter is None:
             return plain_steps(self.target, prompt_ids, n_predict, self.params, self.rng,
-                               self.eog, on_token, n_keep=n_keep)
+                               self.eog, on_token, n_keep=n_keep, constraint=c)
         return speculative_steps(self.target, self.drafter, prompt_ids, n_predict, self.params,
                                  self.rng, self.eog, self.policy, on_token, trace, n_keep=n_keep,
-                                 tree_k=self.tree_k)
+                                 tree_k=self.tree_k, constraint=c)
+
+    def compile(self, constraint: "ConstraintSpec | Constraint | None") -> "Constraint | None":
+        """A request's matcher: a spec compiled over the target's vocabulary, a Constraint as
+        it is (None: none)."""
+        if constraint is None or isinstance(constraint, Constraint):
+            return constraint
+        return compile_constraint(constraint, self.model.tokenizer, int(self.model.config.n_vocab))
 
     def run(self, prompt_ids: Sequence[int], n_predict: int, **kw) -> GenerationResult:
         """One request alone (keywords as `steps`)."""

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from ..generation.constraint import compile_constraint, masked
 from ..generation.sampling import SamplerParams, probs_rows
 
 N_SIMULATIONS = 4000        # multinomial draws for the null distribution and the power
@@ -101,6 +102,10 @@ def check_greedy(target, ids: list[int], n_predict: int, draft, index: int, **kw
     return GreedyCheck(index, False, len(plain), at, tok(plain), tok(spec), float(top[1] - top[0]))
 
 
+def _end(target) -> int:
+    return min(target.tokenizer.eog_ids) if target.tokenizer.eog_ids else 0
+
+
 def chi2_test(counts: np.ndarray, p: np.ndarray, shift: float, alpha: float,
               rng: np.random.Generator) -> tuple[int, float, float, float]:
     """(bins, X², Monte Carlo p-value, power against the shifted alternative) of counts (V,)
@@ -132,10 +137,15 @@ def chi2_test(counts: np.ndarray, p: np.ndarray, shift: float, alpha: float,
 
 
 def check_sampled(target, ids: list[int], params: SamplerParams, samples: int, draft, index: int,
-                  shift: float, alpha: float, seed: int, **kw) -> SampledCheck:
+                  shift: float, alpha: float, seed: int, constraint=None, **kw) -> SampledCheck:
     """The first token after ids: K seeded speculative runs (two tokens each, so that the
-    first is drafted and verified) against p, and K plain runs as the control."""
-    p = probs_rows(target.logits(ids)[-1:], params)[0]         # (V,) the exact law
+    first is drafted and verified) against p, and K plain runs as the control.  constraint
+    (a ConstraintSpec): both under it, p its masked law."""
+    logits = target.logits(ids)[-1:]                           # (1, V)
+    if constraint is not None:
+        first = compile_constraint(constraint, target.tokenizer, int(target.config.n_vocab))
+        logits, kw = masked(logits, first.mask()[None]), dict(kw, constraint=constraint)
+    p = probs_rows(logits, params)[0]                          # (V,) the exact law
     rng = np.random.default_rng(seed)
     sp = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
               min_p=params.min_p, ignore_eos=True, **kw)
@@ -143,7 +153,8 @@ def check_sampled(target, ids: list[int], params: SamplerParams, samples: int, d
     for name, d in (("speculative", draft), ("plain", None)):
         c = np.zeros(len(p), np.int64)
         for s in range(samples):
-            c[target.generate(ids, 2, seed=seed * 100003 + s, draft=d, **sp).ids[0]] += 1
+            out = target.generate(ids, 2, seed=seed * 100003 + s, draft=d, **sp).ids
+            c[out[0] if out else _end(target)] += 1             # nothing: the end came first
         counts[name] = c
     bins, x2, pv, power = chi2_test(counts["speculative"], p, shift, alpha, rng)
     plain_pv = chi2_test(counts["plain"], p, shift, alpha, rng)[2]

@@ -55,6 +55,36 @@ def _check_run_args(a) -> None:
         raise ConfigError("--ctx-size and --threads must be >= 0")
 
 
+CONSTRAINT_FLAGS = (("--grammar", "grammar", "gbnf", False), ("--grammar-file", "grammar_file", "gbnf", True),
+                    ("--json-schema", "json_schema", "json_schema", False),
+                    ("--json-schema-file", "json_schema_file", "json_schema", True))
+
+
+def _constraint(a):
+    """The structured-output flags' ConstraintSpec, checked before any model loads (None:
+    none given).  Bad input: one line naming the flag."""
+    from ..errors import ConstraintError
+    from ..generation.constraint import ConstraintSpec
+    given = [(flag, getattr(a, dest), kind, is_file) for flag, dest, kind, is_file in CONSTRAINT_FLAGS
+             if getattr(a, dest, None) is not None]
+    if len(given) > 1:
+        raise ConfigError(f"{given[0][0]} and {given[1][0]} are exclusive: give one constraint")
+    if not given:
+        return None
+    flag, value, kind, is_file = given[0]
+    if is_file:
+        try:
+            value = open(value, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{flag} {value}: {getattr(e, 'strerror', None) or e}") from None
+    spec = ConstraintSpec(kind, value)
+    try:
+        spec.check()
+    except ConstraintError as e:
+        raise ConstraintError(f"{flag}: {str(e).split(': ', 1)[-1]}", e.field) from None
+    return spec
+
+
 def _draft_options(a):
     """The run flags' DraftOptions (validated here, before any model is loaded); the draft
     model is filled in once it is.  Also checks the requantization flags.  With --draft
@@ -154,6 +184,9 @@ def _set_threads(n: int) -> None:
 def cmd_run(a) -> int:
     _check_run_args(a)
     options = _draft_options(a)
+    constraint = _constraint(a)
+    if constraint is not None and a.conversation:
+        raise ConfigError("--grammar / --json-schema are for one answer: `specdec run` without -cnv")
     if a.n_gpu_layers is not None:
         _progress("specdec: note: -ngl ignored, specdec runs on the CPU")
     if a.threads:
@@ -194,14 +227,14 @@ def cmd_run(a) -> int:
               min_p=a.min_p, seed=_seed(a), ignore_eos=a.ignore_eos, n_ctx=a.ctx_size or None)
     try:
         out = target.generate(text, draft=options, on_token=printer, trace=trace,
-                              prediction=prediction, **kw)
+                              prediction=prediction, constraint=constraint, **kw)
     finally:
         if trace is not None:
             trace.close()
     printer.flush()
     sys.stdout.write("\n")
     sys.stdout.flush()
-    plain = target.generate(text, **kw) if (a.compare and speculative) else None
+    plain = target.generate(text, constraint=constraint, **kw) if (a.compare and speculative) else None
     _summary(out, a, plain)
     return 0
 
@@ -261,6 +294,7 @@ def cmd_check(a) -> int:
         raise ConfigError(f"--temp must be >= 0, got {a.temp}")
     prompts = check.read_prompts(a.prompt, a.file)
     options = _draft_options(a)
+    constraint = _constraint(a)
     if a.threads:
         _set_threads(a.threads)
     target, draft = _load_models(a)
@@ -270,7 +304,7 @@ def cmd_check(a) -> int:
         raise ConfigError("specdec check compares speculative with plain generation: give -md DRAFT "
                           "or --draft prompt-lookup / suffix")
     _progress(f"specdec: checking {len(prompts)} prompt(s), drafting: {options.describe()}")
-    n, kw, bad = _n_predict(a, target), dict(n_ctx=a.ctx_size or None), 0
+    n, kw, bad = _n_predict(a, target), dict(n_ctx=a.ctx_size or None, constraint=constraint), 0
     for i, item in enumerate(prompts, 1):
         text = (target.chat_prompt(item["messages"]) if "messages" in item
                 else _model_prompt(a, target, item["prompt"])[0])
@@ -299,6 +333,8 @@ def cmd_check(a) -> int:
 
 
 def cmd_chat(a) -> int:
+    if _constraint(a) is not None:
+        raise ConfigError("--grammar / --json-schema are for one answer: `specdec run`")
     a.conversation = True
     return cmd_run(a)
 

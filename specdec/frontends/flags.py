@@ -65,8 +65,10 @@ def _add_model_flags(g) -> None:
     g.add_argument("--draft-p", "--draft-p-min", dest="draft_p", type=float, default=None, metavar="P",
                    help="stop drafting when the draft's top probability is below this (0.9 when "
                         "--draft-n is given; default: the adaptive length)")
-    g.add_argument("--draft", default=None, choices=("model", "prompt-lookup", "hybrid", "suffix"),
-                   help="who drafts: the -md model, prompt-lookup (copies what followed the last "
+    g.add_argument("--draft", default=None, choices=("model", "prompt-lookup", "hybrid", "suffix", "forced"),
+                   help="who drafts: the -md model, forced (with --grammar / -j: the text the "
+                        "grammar forces, no model; it is drafted first with any drafter), "
+                        "prompt-lookup (copies what followed the last "
                         "n-gram earlier in the text), suffix (the most frequent continuation of "
                         "the longest match in the text and in earlier requests, --lookup-cache), "
                         "hybrid (lookup, else -md). Default with -md: hybrid with the adaptive "
@@ -149,6 +151,7 @@ def _add_prompt_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("-cnv", "--conversation", action="store_true",
                    help="interactive chat after the prompt (as `specdec chat`)")
     _add_sampling_flags(p)
+    _add_constraint_flags(p)
     g = p.add_argument_group("speculation")
     g.add_argument("--predict", default=None, metavar="FILE",
                    help="the answer is expected to be (mostly) this file's text, e.g. the code an "
@@ -162,6 +165,18 @@ def _add_prompt_flags(p: argparse.ArgumentParser) -> None:
                    help="colour accepted (green; cyan from --predict), corrected (red) and bonus (blue) tokens")
     g.add_argument("-v", "--verbose", action="store_true",
                    help="also print acceptance by draft position and draft/verify times")
+
+
+def _add_constraint_flags(p: argparse.ArgumentParser) -> None:
+    """Structured output (llama-cli's names; docs/structured.md): at most one of them."""
+    g = p.add_argument_group("structured output (pip install 'specdec[structured]')")
+    g.add_argument("--grammar", default=None, metavar="GRAMMAR",
+                   help="the output must match this GBNF grammar (llama.cpp's format)")
+    g.add_argument("--grammar-file", default=None, metavar="FNAME", help="the GBNF grammar, from a file")
+    g.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                   help="the output must be JSON matching this JSON schema ('{}': any JSON object)")
+    g.add_argument("-jf", "--json-schema-file", default=None, metavar="FNAME",
+                   help="the JSON schema, from a file")
 
 
 def _add_sampling_flags(p: argparse.ArgumentParser, n_predict: int = 128) -> None:

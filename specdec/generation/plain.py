@@ -21,6 +21,7 @@ import time
 from typing import Collection, Sequence
 
 from ..errors import ConfigError, ContextOverflowError
+from .constraint import Constraint, masked
 from .interfaces import Eval, GenerationResult, OnToken, Session, Steps, drive, make_timings
 from .sampling import Rng, SamplerParams, sample
 
@@ -47,8 +48,11 @@ def kept_prefix(session: Session, prompt_ids: Sequence[int], n_keep: int) -> int
 
 def plain_steps(session: Session, prompt_ids: Sequence[int], n_predict: int,
                 params: SamplerParams, rng: Rng, eog_ids: Collection[int],
-                on_token: OnToken | None = None, *, n_keep: int = 0) -> Steps:
-    """The coroutine behind `generate_plain`: yields one Eval per target pass."""
+                on_token: OnToken | None = None, *, n_keep: int = 0,
+                constraint: Constraint | None = None) -> Steps:
+    """The coroutine behind `generate_plain`: yields one Eval per target pass.  constraint:
+    the output must fit it (constraint.py): each row's forbidden ids go to -inf before the
+    sampler's filters, and generation ends ('eog') where the grammar allows nothing more."""
     check_request(session, prompt_ids, n_predict)
     keep = kept_prefix(session, prompt_ids, n_keep)
     session.truncate(keep)
@@ -59,14 +63,22 @@ def plain_steps(session: Session, prompt_ids: Sequence[int], n_predict: int,
     logits = (yield Eval(session, list(prompt_ids[keep:]), True))[-1]      # (V,)
     t1 = time.perf_counter()
     stop = "n_predict"
+    ends = frozenset(eog_ids) | (constraint.eos_ids if constraint is not None else frozenset())
     while True:
+        if constraint is not None:
+            logits = masked(logits, constraint.mask())                      # (V,)
         token = sample(logits, params, rng)
-        if token in eog_ids:
+        if token in ends:
             stop = "eog"
             break
         ids.append(token)
+        if constraint is not None:
+            constraint.advance(token)
         if on_token is not None and on_token(token, "sampled"):
             stop = "stop"
+            break
+        if constraint is not None and constraint.done:
+            stop = "eog"                                                    # nothing but its end may follow
             break
         if len(ids) >= n_predict:
             break
@@ -80,10 +92,11 @@ def plain_steps(session: Session, prompt_ids: Sequence[int], n_predict: int,
 
 def generate_plain(session: Session, prompt_ids: Sequence[int], n_predict: int,
                    params: SamplerParams, rng: Rng, eog_ids: Collection[int],
-                   on_token: OnToken | None = None, *, n_keep: int = 0) -> GenerationResult:
+                   on_token: OnToken | None = None, *, n_keep: int = 0,
+                   constraint: Constraint | None = None) -> GenerationResult:
     """Sample up to n_predict tokens from the session's model, one forward pass per token.
 
     n_keep > 0 resumes: the session's first n_keep rows are prompt_ids[:n_keep] (see
     `kept_prefix`) and only the rest of the prompt is evaluated; the output is unchanged."""
     return drive(plain_steps(session, prompt_ids, n_predict, params, rng, eog_ids, on_token,
-                             n_keep=n_keep))
+                             n_keep=n_keep, constraint=constraint))

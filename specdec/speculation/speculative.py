@@ -36,6 +36,9 @@ import numpy as np
 
 from .drafters import Draft, Drafter
 from .drafters.base import DraftTree
+from .drafters.forced import ForcedDrafter
+from .constrained import draft_under, settle, settle_path, tree_under
+from ..generation.constraint import Constraint, masked
 from .drafters.prediction import SOURCE as PREDICTED
 from ..errors import ConfigError, IncompatibleDraftError
 from ..generation.plain import check_request, kept_prefix
@@ -58,9 +61,12 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
                       eog_ids: Collection[int], policy: DraftPolicy,
                       on_token: OnToken | None = None, trace: TraceSink | None = None,
                       clock: Callable[[], float] = time.perf_counter, *,
-                      n_keep: int = 0, tree_k: int = 1) -> Steps:
+                      n_keep: int = 0, tree_k: int = 1, constraint: Constraint | None = None) -> Steps:
     """The coroutine behind `generate_speculative`: yields one Eval per target pass (the
-    prompt, then one verification pass per step; an EvalTree per step when tree_k > 1)."""
+    prompt, then one verification pass per step; an EvalTree per step when tree_k > 1).
+    constraint: the output must fit it (a fresh generation.constraint.Constraint; the law
+    is plain constrained sampling's, see constrained.py); its forced tokens are drafted
+    first (drafters.ForcedDrafter around `drafter`)."""
     check_draft_n(policy.n_max)
     check_tree_k(tree_k)
     check_request(target, prompt_ids, n_predict)
@@ -69,6 +75,10 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
             f"the drafter proposes over {drafter.n_vocab} token ids, the target has {target.n_vocab}")
     keep = kept_prefix(target, prompt_ids, n_keep)
     target.truncate(keep)
+    if constraint is not None and not isinstance(drafter, ForcedDrafter):
+        drafter = ForcedDrafter(drafter)
+    drafter.constrain(constraint)
+    ends = frozenset(eog_ids) | (constraint.eos_ids if constraint is not None else frozenset())
     if n_keep == 0:
         drafter.reset()
     policy.reset()
@@ -92,22 +102,27 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
         n_max = min(asked, n_predict - len(ids) - 1, room)
         if tree_k > 1:                                    # k branches, at most room rows in all
             res, drafted, q_rows, p_rows, branch, n_drafted, source = yield from _tree_step(
-                target, drafter, ctx, min(n_max, room // tree_k), tree_k, params, rng, timer)
+                target, drafter, ctx, min(n_max, room // tree_k), tree_k, params, rng, timer, constraint)
         else:
             # 1. draft: x_1..x_n ~ q, with q_i the law each x_i was drawn from
             draft = drafter.propose(ctx, n_max, rng) if n_max > 0 else Draft.empty(target.n_vocab)
+            if len(draft.tokens) > n_max:
+                raise ValueError(f"drafter proposed {len(draft.tokens)} tokens, at most {n_max} were asked for")
+            if constraint is not None:                      # cut where forbidden; each row's mask
+                draft, masks, pushed = draft_under(draft, constraint)
             n = len(draft.tokens)
-            if n > n_max:
-                raise ValueError(f"drafter proposed {n} tokens, at most {n_max} were asked for")
             timer.lap("draft")
-            # 2. one target pass over [last token, x_1..x_n]: p_1..p_{n+1}
+            # 2. one target pass over [last token, x_1..x_n]: p_1..p_{n+1} (masked: the law of
+            #    plain constrained sampling at every row)
             logits = yield Eval(target, [ctx[-1], *draft.tokens])   # (n+1, V)
-            p = probs_rows(logits, params)                          # (n+1, V)
+            p = probs_rows(logits if constraint is None else masked(logits, masks), params)   # (n+1, V)
             # 3. accept x_i with prob min(1, p_i/q_i); the first rejection resamples from
             #    norm(max(0, p_i - q_i)), all accepted draws a bonus from p_{n+1}
             res = verify(draft.tokens, draft.q, p, rng)
             # 4. roll the caches back to the accepted context
             target.truncate(target.n_past - (n - res.n_accepted))
+            if constraint is not None:
+                settle(constraint, draft.tokens, pushed, res.n_accepted, res.next_token)
             timer.lap("verify")
             drafted, q_rows, p_rows, branch, n_drafted, source = draft.tokens, draft.q, p, (0, 1), n, draft.source
         drafter.accept(res.n_accepted, res.next_token)
@@ -115,7 +130,7 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
         emitted: list[int] = []
         kinds = ["predicted" if source == PREDICTED else "accepted"] * res.n_accepted + [res.kind]
         for token, kind in zip([*drafted[: res.n_accepted], res.next_token], kinds):
-            if token in eog_ids:
+            if token in ends:
                 stop = "eog"
                 break
             emitted.append(token)
@@ -134,6 +149,8 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
                                     source=source))
         ids += emitted
         ctx += emitted
+        if constraint is not None and constraint.done and stop == "n_predict":
+            stop = "eog"                                  # the grammar allows nothing but its end
     t2 = clock()
     timings = make_timings(t1 - t0, t2 - t1, len(ids))
     stats = spec_stats(steps, policy.n_max, len(ids), timings.tokens_per_s)
@@ -146,7 +163,7 @@ def check_tree_k(k: int) -> None:
 
 
 def _tree_step(target: Session, drafter: Drafter, ctx: list[int], n_max: int, k: int,
-               params: SamplerParams, rng: Rng, timer: "_StepTimer"):
+               params: SamplerParams, rng: Rng, timer: "_StepTimer", constraint: Constraint | None = None):
     """One multi-candidate step (tree_verify.py): draft up to k branches of at most n_max
     tokens, one target pass over the tree rooted at the last token, walk it, keep the accepted
     path in the target cache.  Returns (the verified branch's linear VerifyResult, its tokens,
@@ -156,11 +173,15 @@ def _tree_step(target: Session, drafter: Drafter, ctx: list[int], n_max: int, k:
     if depth > n_max or len(tree.leaves()) > k:
         raise ValueError(f"drafter proposed a tree of depth {depth} with {len(tree.leaves())} "
                          f"branches, at most {n_max} and {k} were asked for")
+    if constraint is not None:                                    # prune forbidden one-hot nodes; row masks
+        tree, masks = tree_under(tree, constraint)
     timer.lap("draft")
     logits = yield EvalTree(target, [ctx[-1], *tree.tokens], [-1, *(a + 1 for a in tree.parents)])
-    p = probs_rows(logits, params)                                # (n+1, V) row 0: after ctx
+    p = probs_rows(logits if constraint is None else masked(logits, masks), params)   # (n+1, V) row 0: after ctx
     res = verify_tree(tree, p, rng)
     target.commit_path([0, *(c + 1 for c in res.path)])          # ctx + the accepted path
+    if constraint is not None:
+        settle_path(constraint, [tree.tokens[c] for c in res.path], res.next_token)
     timer.lap("verify")
     nodes = tree.path(tree.leaves()[res.branch]) if tree.tokens else []
     return (res.linear, tuple(tree.tokens[c] for c in nodes), tree.q[nodes],
@@ -174,7 +195,8 @@ def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence
                          trace: TraceSink | None = None,
                          policy: DraftPolicy | None = None,
                          clock: Callable[[], float] = time.perf_counter, *,
-                         n_keep: int = 0, tree_k: int = 1) -> GenerationResult:
+                         n_keep: int = 0, tree_k: int = 1,
+                         constraint: Constraint | None = None) -> GenerationResult:
     """Sample up to n_predict tokens from the target, drafting up to policy.next_n() per step
     (policy None: FixedLength(draft_n); draft_n is ignored otherwise).
 
@@ -192,7 +214,8 @@ def generate_speculative(target: Session, drafter: Drafter, prompt_ids: Sequence
         check_draft_n(draft_n)
         policy = FixedLength(draft_n)
     return drive(speculative_steps(target, drafter, prompt_ids, n_predict, params, rng, eog_ids,
-                                   policy, on_token, trace, clock, n_keep=n_keep, tree_k=tree_k))
+                                   policy, on_token, trace, clock, n_keep=n_keep, tree_k=tree_k,
+                                   constraint=constraint))
 
 
 class _StepTimer:

@@ -274,16 +274,17 @@ def render(template: str, messages: Sequence[Mapping[str, str]], *,
 
 
 def chat_prompt(tokenizer, messages: Sequence[Mapping[str, str]],
-                add_generation_prompt: bool = True) -> str:
+                add_generation_prompt: bool = True, tools: Sequence[Mapping] | None = None) -> str:
     """The prompt text for `messages` in the tokenizer's own template (ChatML if it has none),
     ready for `Model.tokenize` / `Model.generate`: a BOS the template writes itself is left
-    out when the tokenizer adds one anyway, so the prompt never starts with two."""
+    out when the tokenizer adds one anyway, so the prompt never starts with two.  tools:
+    OpenAI's tool definitions, handed to the template as `tools` (api/tools.py)."""
     def text(tid):
         return "" if tid is None else tokenizer.tokens[tid]
     bos = text(tokenizer.bos_id)
     out = render(tokenizer.chat_template or CHATML, messages,
                  add_generation_prompt=add_generation_prompt, bos_token=bos,
-                 eos_token=text(tokenizer.eos_id))
+                 eos_token=text(tokenizer.eos_id), **({"tools": list(tools)} if tools else {}))
     if tokenizer.add_bos and bos and out.startswith(bos):
         out = out[len(bos):]
     return out

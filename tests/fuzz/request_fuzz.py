@@ -28,7 +28,36 @@ BASES = {
 }
 FIELDS = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
           "stream", "messages", "n", "model", "draft", "draft_n", "logprobs", "n_probs",
-          "ignore_eos", "stream_options", "max_completion_tokens", "n_predict"]
+          "ignore_eos", "stream_options", "max_completion_tokens", "n_predict",
+          "response_format", "json_schema", "grammar", "tools", "tool_choice", "parallel_tool_calls"]
+STRUCTURED = ("response_format", "json_schema", "grammar", "tools", "tool_choice")
+SCHEMAS = [{"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]},
+           {"type": "nope"}, {"type": "object", "properties": {"a": {"$ref": "#/missing"}}}, True, False,
+           {"type": "string", "pattern": "(("}, {"enum": []}, {"type": "array", "minItems": 5, "maxItems": 2},
+           {"type": "object", "description": "x" * 70_000}, {"type": "integer", "minimum": 1e308}]
+GRAMMARS = ['root ::= "yes" | "no"', "root ::= ", 'root ::= [a-z]+ "("', "root ::= other",
+            'root ::= "a" root | "b"', "%%%", 'root ::= "x"{1000000}', "start: /a+/"]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": SCHEMAS[0]}}
+
+
+def _structured(rng: np.random.Generator, name: str):
+    """A value for one of the structured-output fields: well-formed, broken, or hostile."""
+    pick = lambda xs: xs[int(rng.integers(0, len(xs)))]     # noqa: E731
+    if name == "response_format":
+        return pick([{"type": "text"}, {"type": "json_object"}, {"type": "xml"}, {"type": "json_schema"},
+                     {"type": "json_schema", "json_schema": {"name": "s", "schema": pick(SCHEMAS),
+                                                             "strict": pick([True, False, "yes"])}},
+                     {"type": "json_object", "schema": pick(SCHEMAS)}, "json"])
+    if name == "json_schema":
+        return pick([*SCHEMAS, "{not json", "[]"])
+    if name == "grammar":
+        return pick(GRAMMARS)
+    if name == "tools":
+        return pick([[TOOL], [TOOL, TOOL], [{"type": "function", "function": {"name": "bad name"}}],
+                     [{"type": "function", "function": {"name": "g", "parameters": pick(SCHEMAS)}}],
+                     [{"type": "retrieval"}], {"f": 1}, [TOOL] * 300])
+    return pick(["auto", "none", "required", "any", {"type": "function", "function": {"name": "f"}},
+                 {"type": "function", "function": {"name": "missing"}}, {"type": "function"}])
 
 
 def _value(rng: np.random.Generator, depth: int = 0):
@@ -80,7 +109,7 @@ def body(rng: np.random.Generator, path: str) -> bytes:
         if op == 0 and req:
             req.pop(list(req)[int(rng.integers(0, len(req)))])
         elif op == 1:
-            req[name] = _value(rng)
+            req[name] = _structured(rng, name) if name in STRUCTURED and rng.integers(0, 4) else _value(rng)
         else:
             req[f"unknown_{int(rng.integers(0, 99))}"] = _value(rng)
     if req.get("max_tokens") is not None and isinstance(req["max_tokens"], int) and req["max_tokens"] > 64:

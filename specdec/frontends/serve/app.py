@@ -34,7 +34,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...errors import SpecdecError
 
+from ...api import tools
 from .jobs import ServeConfig, make_job, parse
+from .structured import Structured, structured
 from .scheduler import Cancelled, Job, QueueFull, Scheduler, ShuttingDown
 from .tokenlog import ExtBuffer, whole
 from .webui import add_webui, is_public
@@ -118,24 +120,42 @@ def create_app(scheduler: Scheduler, config: ServeConfig) -> FastAPI:
         ids = model.tokenize(p) if isinstance(p, str) else [int(t) for t in p]
         if any(not 0 <= t < model.config.n_vocab for t in ids):
             raise ApiError(400, f"prompt: token ids must be in 0..{model.config.n_vocab - 1}", param="prompt")
-        return await _serve(scheduler, config, body, ids, request, chat=False)
+        return await _serve(scheduler, config, body, ids, request, chat=False,
+                            want=structured(body, chat=False))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await parse(request, ChatRequest, config)
-        msgs = [{"role": "system" if m.role == "developer" else m.role,
-                 "content": m.content if isinstance(m.content, str) else
-                 "".join(x.text for x in m.content or [] if x.type == "text")} for m in body.messages]
-        ids = model.tokenize(model.chat_prompt(msgs))
-        return await _serve(scheduler, config, body, ids, request, chat=True)
+        want = structured(body, chat=True)
+        msgs = [_message(m) for m in body.messages]
+        try:
+            text = tools.chat_prompt(model.tokenizer, msgs, want.tools, want.choice)
+        except tools.ToolError as e:
+            raise ApiError(400, str(e), param=e.field) from None
+        return await _serve(scheduler, config, body, model.tokenize(text), request, chat=True, want=want)
 
     return app
 
+
+def _message(m) -> dict:
+    """A wire Message as the chat template takes it (developer: system; text parts joined)."""
+    out = {"role": "system" if m.role == "developer" else m.role,
+           "content": m.content if isinstance(m.content, str) or m.content is None else
+           "".join(x.text for x in m.content if x.type == "text")}
+    if m.tool_calls:
+        out["tool_calls"] = m.tool_calls
+    for key in ("tool_call_id", "name"):
+        if getattr(m, key) is not None:
+            out[key] = getattr(m, key)
+    return out
+
+
+
 async def _serve(scheduler: Scheduler, config: ServeConfig, body: CommonRequest, ids: list[int],
-                 request: Request, chat: bool):
+                 request: Request, chat: bool, want: Structured = Structured()):
     """Submit the request's job and answer: a stream of chunks, or the whole response once done
-    (cancelled when the client goes away)."""
-    job = make_job(scheduler, config, body, ids, chat)
+    (cancelled when the client goes away).  want: its constraint and tools (structured.py)."""
+    job = make_job(scheduler, config, body, ids, chat, constraint=want.constraint)
     model = scheduler.model
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
@@ -146,7 +166,8 @@ async def _serve(scheduler: Scheduler, config: ServeConfig, body: CommonRequest,
         raise ApiError(503, str(e), "server_error", code="unavailable",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    shape = Shape(rid, int(time.time()), config.model_ids[0], chat, job, model.tokenizer)
+    shape = Shape(rid, int(time.time()), config.model_ids[0], chat, job, model.tokenizer,
+                  parser=tools.StreamParser() if chat and want.parses_tools else None)
     if body.stream:
         usage_chunk = bool((body.stream_options or {}).get("include_usage"))
         return StreamingResponse(_sse(job, events, shape, usage_chunk),
@@ -214,10 +235,14 @@ async def _sse(job: Job, events: asyncio.Queue, shape: Shape, usage_chunk: bool)
             elif kind == "specdec":
                 ext.add(value)
             elif kind == "text":
-                yield data(ext.attach(shape.chunk(value, lps=pending)))
+                for i, chunk in enumerate(shape.chunks(value, lps=pending)):
+                    yield data(ext.attach(chunk) if i == 0 else chunk)
                 pending = []
             elif kind == "done":
-                yield data(ext.attach(shape.last_chunk(value, pending), last=True))
+                *held, last = shape.last_chunks(value, pending)
+                for chunk in held:
+                    yield data(chunk)
+                yield data(ext.attach(last, last=True))
                 if usage_chunk:
                     yield data({**shape.head(), "choices": [], "usage": usage(value)})
                 break

@@ -72,9 +72,10 @@ async def parse(request: Request, cls: type[BaseModel], config: ServeConfig) -> 
 
 
 def make_job(scheduler: Scheduler, config: ServeConfig, body: CommonRequest, ids: list[int],
-             chat: bool) -> Job:
+             chat: bool, constraint=None) -> Job:
     """The scheduler's Job of a request body: its model, prompt, sampling, drafting and limits
-    checked (an ApiError naming the field otherwise)."""
+    checked (an ApiError naming the field otherwise); constraint: the ConstraintSpec its
+    output follows (structured.py, checked already)."""
     if body.model is not None and body.model not in config.model_ids:
         raise ApiError(404, f"the model {body.model!r} does not exist; this server serves "
                             f"{config.model_ids[0]!r}", param="model", code="model_not_found")
@@ -114,7 +115,7 @@ def make_job(scheduler: Scheduler, config: ServeConfig, body: CommonRequest, ids
     pred = body.prediction
     prediction = None if pred is None else (pred if isinstance(pred, str) else pred.text())
     seed = config.seed if body.seed is None else (None if body.seed == -1 else body.seed)
-    return Job(ids, n, params, draft, prediction=prediction, seed=seed,
+    return Job(ids, n, params, draft, prediction=prediction, seed=seed, constraint=constraint,
                stop=stop, ignore_eos=body.ignore_eos, stream=body.stream,
                logprobs=n_top(body, chat),
                post_sampling=body.post_sampling_probs,

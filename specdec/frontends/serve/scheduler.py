@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ...engine.model import eval_batch
 from ...speculation.drafters import PredictionDrafter, PromptLookupDrafter, SuffixDrafter
@@ -71,6 +71,7 @@ class Job:
     params: SamplerParams
     draft: DraftOptions = DraftOptions()
     prediction: str | list[int] | None = None   # the predicted output (Runner.predict)
+    constraint: Any = None                  # a ConstraintSpec the output follows (structured.py)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -353,7 +354,8 @@ class Scheduler:
                 return stopped
 
             n_predict = job.n_predict if job.n_predict >= 0 else self.n_ctx
-            steps = runner.steps(job.prompt_ids, n_predict, on_token=on_token, trace=log)
+            steps = runner.steps(job.prompt_ids, n_predict, on_token=on_token, trace=log,
+                                 constraint=job.constraint)
             a = _Active(job, slot, steps, None, text, runner=runner, rows=rows)
             try:
                 a.pending = next(steps)

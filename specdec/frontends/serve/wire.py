@@ -6,12 +6,13 @@ the whole answer, the streamed chunks, usage and llama-server's `timings`), the 
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...api import tools
 from ...speculation.drafters.prediction import SOURCE as PREDICTED
 from ...speculation.policies import DRAFT_N_MAX
 from .logprobs import MAX_TOP, chat_logprobs, completion_logprobs
@@ -47,6 +48,9 @@ class CommonRequest(BaseModel):
     post_sampling_probs: bool = False                      # llama-server: the sampler's p
     prediction: Optional[Union[Prediction, str]] = None    # predicted output (a bare string too)
     specdec: Optional[SpecdecOptions] = None               # opt-in extension data (tokenlog.py)
+    response_format: Optional[dict[str, Any]] = None       # structured output (structured.py)
+    json_schema: Optional[Union[dict[str, Any], bool, str]] = None   # llama-server's fields
+    grammar: Optional[str] = None
 
 
 class SpecdecOptions(BaseModel):
@@ -80,10 +84,16 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Union[str, list[_Part], None] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None      # an assistant's earlier calls
+    tool_call_id: Optional[str] = None                     # a tool message answers this call
+    name: Optional[str] = None
 
 
 class ChatRequest(CommonRequest):
     messages: list[Message] = Field(min_length=1)
+    tools: Optional[list[Any]] = None                      # OpenAI's tools (api/tools.py checks them)
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
 
 
 class ApiError(Exception):
@@ -180,6 +190,8 @@ class Shape:
     job: Job
     tokenizer: Any = None
     n_streamed: int = 0                     # tokens whose logprobs went out in chunks
+    parser: Any = None                      # api/tools.StreamParser: the answer may hold tool_calls
+    pending_lps: list = field(default_factory=list)     # logprobs held back with the parser's text
 
     def logprobs(self, lps, first: int = 0) -> dict | None:
         """The `logprobs` object of a choice over lps, the tokens first.. of the answer."""
@@ -204,14 +216,53 @@ class Shape:
             choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
         return {**self.head(), "choices": [choice]}
 
+    def chunks(self, text: str, lps=()) -> list[dict]:
+        """The chunks of one text delta: one, or with tools one per content / tool-call delta
+        (api/tools.StreamParser; none while a call is still being written)."""
+        if self.parser is None:
+            return [self.chunk(text, lps=lps)]
+        out = [self._delta_chunk(d) for d in self.parser.feed(text)]
+        if lps:                                 # the tokens' logprobs ride on the next chunk out
+            self.pending_lps += list(lps)
+        if out and self.pending_lps:
+            out[0]["choices"][0]["logprobs"] = self.logprobs(self.pending_lps, self.n_streamed)
+            self.n_streamed += len(self.pending_lps)
+            self.pending_lps = []
+        return out
+
+    def _delta_chunk(self, delta: dict) -> dict:
+        return {**self.head(), "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+
+    def finish(self, r: JobResult, called: bool) -> str:
+        """OpenAI's finish_reason: 'tool_calls' when the answer ended in calls."""
+        f = FINISH.get(r.gen.stop_reason, "stop")
+        return "tool_calls" if called and f == "stop" else f
+
+    def last_chunks(self, r: JobResult, lps=()) -> list[dict]:
+        """The chunks that end a stream: what the tool parser held back, then the last one."""
+        out = []
+        if self.parser is not None:
+            out = [self._delta_chunk(d) for d in self.parser.flush()]
+            lps = [*self.pending_lps, *lps]
+            self.pending_lps = []
+        called = self.parser is not None and bool(self.parser.calls)
+        return [*out, {**self.chunk("", finish=self.finish(r, called), lps=lps),
+                       "usage": usage(r), "timings": timings(r)}]
+
     def last_chunk(self, r: JobResult, lps=()) -> dict:
-        return {**self.chunk("", finish=FINISH.get(r.gen.stop_reason, "stop"), lps=lps),
-                "usage": usage(r), "timings": timings(r)}
+        return self.last_chunks(r, lps)[-1]
 
     def full(self, r: JobResult) -> dict:
         finish = FINISH.get(r.gen.stop_reason, "stop")
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": r.text},
+            message: dict = {"role": "assistant", "content": r.text}
+            if self.parser is not None:
+                content, calls = tools.parse(r.text, self.parser.make_id)
+                if calls:
+                    message = {"role": "assistant", "content": content,
+                               "tool_calls": [c.openai() for c in calls]}
+                    finish = self.finish(r, True)
+            choice = {"index": 0, "message": message,
                       "logprobs": self.logprobs(r.logprobs or ()), "finish_reason": finish}
             obj = "chat.completion"
         else:

@@ -22,10 +22,14 @@ hybrid.HybridDrafter (lookup when it matches, the model otherwise), retok.Retoke
 draft model of another vocabulary, drafting greedily through text), suffix.SuffixDrafter (the
 most frequent continuation of the longest matching suffix, in the context and a
 suffix.SuffixStore of earlier requests; q one-hot), prediction.PredictionDrafter (the user's
-own prediction of the answer, with the request's other drafting behind it; q one-hot); base.py
-the interface.  `make_drafter`
+own prediction of the answer, with the request's other drafting behind it; q one-hot),
+forced.ForcedDrafter (under a constraint, the tokens its grammar forces, then the wrapped
+drafter; q one-hot); base.py the interface.  `make_drafter`
 builds one from a name, a Model or a Drafter.
 Each Draft names its `source`, so statistics can be kept per drafter.
+Under a constraint (a grammar, a JSON schema) the loop calls `constrain(constraint)` first: a
+drafter that samples masks its q with it (ModelDrafter); one-hot drafts are cut at their first
+forbidden token by the loop (speculation/constrained.py).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from ...errors import ConfigError
 from ...generation.sampling import SamplerParams
 from ..compat import check_compatible
 from .base import Draft, Drafter
+from .forced import ForcedDrafter
 from .hybrid import HybridDrafter
 from .lookup import Match, NgramIndex, PromptLookupDrafter, check_lookup_options
 from .model import ModelDrafter
@@ -40,14 +45,14 @@ from .prediction import PredictionDrafter
 from .retok import RetokenizingDrafter
 from .suffix import SuffixDrafter, SuffixStore
 
-__all__ = ["DRAFTER_NAMES", "Draft", "Drafter", "HybridDrafter", "Match", "ModelDrafter",
+__all__ = ["DRAFTER_NAMES", "Draft", "Drafter", "ForcedDrafter", "HybridDrafter", "Match", "ModelDrafter",
            "NgramIndex", "PredictionDrafter", "PromptLookupDrafter", "RetokenizingDrafter", "SuffixDrafter",
            "SuffixStore",
            "check_lookup_options",
            "make_drafter"]
 
 
-DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid", "suffix")
+DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid", "suffix", "forced")
 
 
 def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draft_p: float = 0.0,
@@ -66,7 +71,9 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
                                          own), same n-gram and copy options as prompt lookup;
       'hybrid'                           HybridDrafter(prompt lookup, ModelDrafter(draft_model)),
                                          the SuffixDrafter in place of lookup when suffix_store
-                                         is given.
+                                         is given;
+      'forced'                           ForcedDrafter alone: under a constraint, the tokens
+                                         its grammar forces (nothing without one).
 
     draft_p: the model drafter's confidence floor (policy.p_min); draft_vocab: the draft model
     computes logits for ids below it only (None: all).  The draft model's
@@ -101,6 +108,8 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
             return lookup()
         if draft == "suffix":
             return suffix()
+        if draft == "forced":
+            return ForcedDrafter(None, n_vocab)
         if draft == "hybrid":
             return HybridDrafter(suffix() if suffix_store is not None else lookup(),
                                  model_drafter(draft_model))

@@ -78,6 +78,7 @@ class Drafter:
     rows: the target's vocabulary size); the hooks default to doing nothing."""
     n_vocab: int
     source = "none"             # Draft.source of what it proposes
+    constraint = None           # generation.constraint.Constraint the drafts must fit (or None)
 
     def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
         """0 <= n <= n_max tokens after the context, each with the q row it was drawn from."""
@@ -94,6 +95,15 @@ class Drafter:
 
     def reset(self) -> None:
         """Forget every request (a new one follows)."""
+
+    def constrain(self, constraint) -> None:
+        """Draft under this constraint (generation.constraint.Constraint, at the state after
+        the context each `propose` is given) until told otherwise; None: unconstrained.  A
+        drafter that samples (q not one-hot) masks and renormalises its q with it, advancing
+        the constraint along its own draft and rolling it back before returning; a drafter of
+        one-hot drafts may ignore it (the loop cuts such a draft at its first forbidden token,
+        speculation/constrained.py).  Wrappers pass it on to what they wrap."""
+        self.constraint = constraint
 
     def prefill(self, context_ids: Sequence[int]) -> None:
         """The drafter's share of the prompt phase (timed with the target's prefill)."""

@@ -39,6 +39,11 @@ class HybridDrafter(Drafter):
         self.model.reset()
         self._by = None
 
+    def constrain(self, constraint) -> None:
+        self.constraint = constraint
+        self.lookup.constrain(constraint)
+        self.model.constrain(constraint)
+
     def key(self, context_ids: Sequence[int]) -> str:
         """The lookup's key when it matches, else the model's."""
         hit = self.lookup.match(context_ids)

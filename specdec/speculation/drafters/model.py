@@ -8,6 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ...generation.constraint import masked
 from ...generation.interfaces import Session
 from ...generation.sampling import Rng, SamplerParams, probs, top_prob
 from ..policies import check_draft_p
@@ -64,18 +65,26 @@ class ModelDrafter(Drafter):
         logits = self.cache.eval(ctx[keep:])                      # (V_draft,) catch-up, one batch
         tokens: list[int] = []
         qs: list[np.ndarray] = []
-        while True:
-            row = logits[: self._shared]                           # (V_shared,)
-            if self.draft_p > 0.0 and top_prob(row) < self.draft_p:
-                break
-            q = np.zeros(self.n_vocab, dtype=np.float64)           # (V,)
-            q[: self._shared] = probs(row, self.params)
-            x = int(rng.categorical(q))
-            tokens.append(x)
-            qs.append(q)
-            if len(tokens) >= n_max:
-                break                                              # the last draft is not evaluated
-            logits = self.cache.eval([x])
+        c, pushed = self.constraint, 0                             # c: advanced along the draft, then back
+        try:
+            while True:
+                row = self._row(logits)                            # (V_shared,) masked, or None
+                if row is None or (self.draft_p > 0.0 and top_prob(row) < self.draft_p):
+                    break
+                q = np.zeros(self.n_vocab, dtype=np.float64)       # (V,)
+                q[: self._shared] = probs(row, self.params)
+                x = int(rng.categorical(q))
+                tokens.append(x)
+                qs.append(q)
+                if len(tokens) >= n_max or (c is not None and x in c.eos_ids):
+                    break                                          # the last draft is not evaluated
+                if c is not None:
+                    c.advance(x)
+                    pushed += 1
+                logits = self.cache.eval([x])
+        finally:
+            if c is not None:
+                c.rollback(pushed)
         self._last = (len(ctx), tuple(tokens))
         q_mat = np.stack(qs) if qs else np.zeros((0, self.n_vocab))   # (n, V)
         return Draft(tuple(tokens), q_mat, self.source)
@@ -93,11 +102,13 @@ class ModelDrafter(Drafter):
         if n_max <= 0 or not ctx or k <= 1:
             return DraftTree.of(self.propose(context_ids, n_max, rng))
         keep = self.cache.keep(ctx, len(ctx) - 1)
-        row = self.cache.eval(ctx[keep:])[: self._shared]        # (V_shared,) after the context
+        row = self._row(self.cache.eval(ctx[keep:]))                    # (V_shared,) after the context, masked
+        if row is None:
+            return DraftTree.of(Draft.empty(self.n_vocab, self.source))
         q0 = np.zeros(self.n_vocab, dtype=np.float64)              # (V,)
         q0[: self._shared] = probs(row, self.params)
         if self.params.greedy:
-            firsts = [int(x) for x in np.argsort(-row, kind="stable")[:k]]
+            firsts = [int(x) for x in np.argsort(-row, kind="stable")[:k] if np.isfinite(row[x])]
             qs0 = [np.eye(1, self.n_vocab, x, dtype=np.float64)[0] for x in firsts]
         else:
             firsts = [int(rng.categorical(q0)) for _ in range(k)]
@@ -105,6 +116,7 @@ class ModelDrafter(Drafter):
         tokens: list[int] = []
         parents: list[int] = []
         qs: list[np.ndarray] = []
+        c = self.constraint
         for j, (x, q) in enumerate(zip(firsts, qs0)):
             node = len(tokens)
             tokens.append(x)
@@ -112,17 +124,27 @@ class ModelDrafter(Drafter):
             qs.append(q)
             if x in firsts[:j]:                                    # a repeat: never accepted
                 continue
-            self.cache.truncate(len(ctx))                         # the cache holds the context
-            for _ in range(n_max - 1):                             # the last draft is not evaluated
-                logits = self.cache.eval([tokens[node]])[: self._shared]
-                if self.draft_p > 0.0 and top_prob(logits) < self.draft_p:
-                    break
-                qd = np.zeros(self.n_vocab, dtype=np.float64)      # (V,)
-                qd[: self._shared] = probs(logits, self.params)
-                tokens.append(int(rng.categorical(qd)))
-                parents.append(node)
-                qs.append(qd)
-                node = len(tokens) - 1
+            self.cache.truncate(len(ctx))                            # the cache holds the context
+            pushed = 0
+            try:
+                for _ in range(n_max - 1):                         # the last draft is not evaluated
+                    if c is not None:
+                        if tokens[node] in c.eos_ids:
+                            break
+                        c.advance(tokens[node])
+                        pushed += 1
+                    logits = self._row(self.cache.eval([tokens[node]]))
+                    if logits is None or (self.draft_p > 0.0 and top_prob(logits) < self.draft_p):
+                        break
+                    qd = np.zeros(self.n_vocab, dtype=np.float64)  # (V,)
+                    qd[: self._shared] = probs(logits, self.params)
+                    tokens.append(int(rng.categorical(qd)))
+                    parents.append(node)
+                    qs.append(qd)
+                    node = len(tokens) - 1
+            finally:
+                if c is not None:
+                    c.rollback(pushed)
         return DraftTree(tuple(tokens), tuple(parents), np.stack(qs), self.source)
 
     def prefill(self, context_ids: Sequence[int]) -> None:
@@ -142,3 +164,13 @@ class ModelDrafter(Drafter):
             raise ValueError(f"accept: {n_accepted} accepted out of {len(drafted)} drafted")
         self.cache.truncate(n_ctx + n_accepted)
         self._last = None
+
+    def _row(self, logits: np.ndarray) -> np.ndarray | None:
+        """The draft's logits over the ids it may propose (V_shared,), the forbidden ones at
+        -inf under a constraint (masked before any warping, as the target's: q is then the
+        masked, renormalised law); None when the constraint allows none of them."""
+        row = logits[: self._shared]
+        if self.constraint is None:
+            return row
+        m = self.constraint.mask()[: self._shared]
+        return masked(row, m) if m.any() else None

@@ -147,6 +147,11 @@ class PredictionDrafter(Drafter):
         self._by = self.fallback
         return self.fallback.propose_tree(context_ids, n_max, k, rng)
 
+    def constrain(self, constraint) -> None:
+        self.constraint = constraint
+        if self.fallback is not None:
+            self.fallback.constrain(constraint)
+
     def prefill(self, context_ids: Sequence[int]) -> None:
         self.cursor(context_ids)                    # the output starts after the prompt
         if self.fallback is not None:

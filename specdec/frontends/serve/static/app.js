@@ -72,7 +72,10 @@ function newAnswer() {
   m.dataset.state = "streaming";
   const panel = el("div", "panel");
   m.appendChild(panel);
+  const calls = el("div", "calls");
+  m.insertBefore(calls, panel);
   const a = { el: m, body: m.querySelector(".body"), panel, text: "", tokens: [], steps: [],
+              calls: [], callsEl: calls,
               summary: null, timings: null, plain: null, queued: false };
   answers.set(m, a);
   return a;
@@ -105,6 +108,12 @@ async function readStream(response, onChunk) {
 function onChunk(a, obj) {
   const choice = (obj.choices || [])[0];
   if (choice && choice.delta && choice.delta.content) a.text += choice.delta.content;
+  for (const tc of (choice && choice.delta && choice.delta.tool_calls) || []) {
+    const c = a.calls[tc.index] || (a.calls[tc.index] = { id: "", name: "", arguments: "" });
+    if (tc.id) c.id = tc.id;
+    if (tc.function && tc.function.name) c.name += tc.function.name;
+    if (tc.function && tc.function.arguments) c.arguments += tc.function.arguments;
+  }
   const ext = obj.specdec;
   if (ext) {
     if (ext.tokens) a.tokens.push(...ext.tokens);
@@ -123,9 +132,33 @@ function schedule(a) {
 
 function draw(a) {
   const near = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
-  render(a.text, a.tokens, a.body);
+  // with tool calls the tokens spell the whole answer (<tool_call> blocks and all): shown so
+  render((a.tools || a.calls.length) && a.tokens.length ? a.tokens.map((t) => t.text).join("") : a.text, a.tokens, a.body);
+  drawCalls(a);
   drawPanel(a);
   if (near) a.el.scrollIntoView({ block: "end" });
+}
+
+// The tool calls of an answer, each as name(arguments), through textContent only.
+function drawCalls(a) {
+  a.callsEl.replaceChildren();
+  for (const c of a.calls) {
+    const box = el("div", "call");
+    box.appendChild(el("span", "call-name", "tool call · " + c.name));
+    let args = c.arguments;
+    try { args = JSON.stringify(JSON.parse(c.arguments), null, 2); } catch (e) { /* as sent */ }
+    box.appendChild(el("pre", "call-args", args));
+    a.callsEl.appendChild(box);
+  }
+}
+
+function toolOptions() {
+  const o = {};
+  const t = $("tools").value.trim();
+  if (t) o.tools = JSON.parse(t);       // a bad list: the send fails with the message shown
+  if (t && $("tool-choice").value) o.tool_choice = $("tool-choice").value;
+  if ($("format").value) o.response_format = { type: $("format").value };
+  return o;
 }
 
 async function send(text) {
@@ -135,6 +168,8 @@ async function send(text) {
   const body = { messages: [...(system ? [{ role: "system", content: system }] : []), ...history, user],
                  stream: true, specdec: { tokens: true }, ...options() };
   const a = newAnswer();
+  try { Object.assign(body, toolOptions()); } catch (e) { a.el.appendChild(el("div", "error", "tools: " + e.message)); }
+  a.tools = Boolean(body.tools) && body.tool_choice !== "none";
   a.sampled = body.temperature === undefined || body.temperature > 0;
   busy = new AbortController();
   $("send").disabled = true;
@@ -155,7 +190,10 @@ async function send(text) {
     busy = null;
     $("send").disabled = false;
     $("stop").disabled = true;
-    if (a.text && a.el.isConnected) history.push(user, { role: "assistant", content: a.text });
+    const calls = a.calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
+    if ((a.text || calls.length) && a.el.isConnected)
+      history.push(user, calls.length ? { role: "assistant", content: a.text || null, tool_calls: calls }
+                                      : { role: "assistant", content: a.text });
     draw(a);
     connect();
   }
