@@ -172,3 +172,36 @@ def test_bad_structured_input_is_a_400_naming_the_field(server, body, param):
         server.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=4,
                                               extra_body=body if "messages" not in body else {"grammar": "%%%"})
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
+
+
+def test_a_streamed_tool_call_keeps_every_tokens_logprob_and_the_specdec_field(server):
+    body = {"messages": MSGS, "max_tokens": NT, "temperature": 0, "tools": TOOLS, "stream": True,
+            "tool_choice": {"type": "function", "function": {"name": "get_time"}}, "logprobs": True,
+            "specdec": {"tokens": True}, "stream_options": {"include_usage": True}}
+    r = server.post("/v1/chat/completions", body)
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+    chunks = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+    lps = [t for c in chunks for ch in c.get("choices", []) for t in ((ch.get("logprobs") or {}).get("content") or [])]
+    tokens = [t for c in chunks for t in (c.get("specdec") or {}).get("tokens", [])]
+    n = chunks[-1]["usage"]["completion_tokens"]
+    assert len(lps) == n and len(tokens) == n
+    assert "".join(t["token"] for t in lps).startswith('<tool_call>\n{"name": "get_time"')
+    finish = [ch["finish_reason"] for c in chunks for ch in c.get("choices", []) if ch.get("finish_reason")]
+    assert finish == ["tool_calls"]
+
+
+@pytest.mark.slow
+def test_fuzzed_structured_requests_on_a_vocabulary_that_spells_json(server):
+    """The request fuzzer (tests/fuzz/request_fuzz.py) against a model whose constraints can
+    be met: every answer a 200 or a 4xx body, the server alive and its answers unchanged."""
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+    sys.path.insert(0, str(Path(__file__).parents[2] / "fuzz"))
+    import request_fuzz
+    before = chat(server, json_schema=SCHEMA)["choices"][0]["message"]["content"]
+    counts, failed = request_fuzz.run(server.url, 120, np.random.default_rng(7),
+                                      alive=lambda: server.proc.poll() is None)
+    assert failed == [] and counts["ok"] > 0 and counts["rejected"] > 0, (counts, failed[:3])
+    assert chat(server, json_schema=SCHEMA)["choices"][0]["message"]["content"] == before
