@@ -12,6 +12,9 @@ threading layer is chosen once per process, kernels/threads.py):
     tbb            oneTBB on every thread, no governor
     workqueue      Numba's own pool on every thread
     omp adaptive   OpenMP with the governor
+    omp dynamic    OpenMP, prange in chunks of 16 iterations handed out as threads free up
+                   (numba.set_parallel_chunksize) instead of one static share per thread
+    tbb dynamic    the same on oneTBB
     -t 1           one thread
 
 Decode: `generate(ids, n)` greedy, tokens per decode second.  Speculative: the defaults (the
@@ -41,6 +44,8 @@ CONFIGS = {                     # name -> (environment, speculative request meas
     "tbb adaptive": ({"SPECDEC_THREADING": "tbb", "SPECDEC_ADAPTIVE_THREADS": "1"}, False),
     "workqueue": ({"SPECDEC_THREADING": "workqueue", "SPECDEC_ADAPTIVE_THREADS": "0"}, False),
     "omp adaptive": ({"SPECDEC_THREADING": "omp", "SPECDEC_ADAPTIVE_THREADS": "1"}, False),
+    "omp dynamic": ({"SPECDEC_THREADING": "omp", "SPECDEC_ADAPTIVE_THREADS": "0", "BENCH_CHUNKSIZE": "16"}, False),
+    "tbb dynamic": ({"SPECDEC_THREADING": "tbb", "SPECDEC_ADAPTIVE_THREADS": "0", "BENCH_CHUNKSIZE": "16"}, False),
     "-t 1": ({"SPECDEC_THREADS_FIXED": "1"}, False),
 }
 BUSY = "while True: pass"
@@ -64,6 +69,9 @@ def worker(levels: list[int], n_predict: int, speculative: bool) -> None:
     from specdec.api.request import AUTO_DRAFT_QUANT
     from specdec.engine import threads
     from common import warm_up
+    if os.environ.get("BENCH_CHUNKSIZE"):
+        import numba
+        numba.set_parallel_chunksize(int(os.environ["BENCH_CHUNKSIZE"]))
     if os.environ.get("SPECDEC_THREADS_FIXED"):
         threads.set_threads(int(os.environ["SPECDEC_THREADS_FIXED"]))
     target = specdec.load(QWEN_TARGET, n_ctx=1024)

@@ -88,7 +88,8 @@ def _valid(x, s: dict) -> bool:
     kinds = {"object": dict, "array": list, "string": str, "boolean": bool}
     if t in kinds and not isinstance(x, kinds[t]):
         return False
-    if t in ("integer", "number") and (isinstance(x, bool) or not isinstance(x, int if t == "integer" else (int, float))):
+    numeric = int if t == "integer" else (int, float)
+    if t in ("integer", "number") and (isinstance(x, bool) or not isinstance(x, numeric)):
         return False
     if t == "object":
         props = s.get("properties", {})
@@ -162,7 +163,8 @@ def mask_cost(target, rows: list[dict], plain: list[dict]) -> dict:
     step_ms = 1e3 * sum(p["decode_s"] for p in plain) / max(1, sum(p["n_tokens"] for p in plain))
     per = 1e3 * secs / max(1, n)
     return {"mask_ms_per_token": round(per, 4), "mask_ms_max": round(1e3 * worst, 3), "n_tokens": n,
-            "plain_decode_ms_per_token": round(step_ms, 2), "share_of_step": round(per / step_ms, 4) if step_ms else None}
+            "plain_decode_ms_per_token": round(step_ms, 2),
+            "share_of_step": round(per / step_ms, 4) if step_ms else None}
 
 
 # ---- llama.cpp ----------------------------------------------------------------------------------
@@ -226,7 +228,8 @@ def summarize(rows: dict[str, list[dict]]) -> dict:
             o["decode_speedup"] = round(o["decode_tok_s"] / b["decode_tok_s"], 3)
         if "plain" in out and not name.startswith("llama"):
             plain = {r["id"]: r["ids"] for r in rows["plain"]}
-            o["same_as_plain"] = round(sum(r["ids"] == plain.get(r["id"]) for r in rows[name]) / max(1, len(rows[name])), 4)
+            same = sum(r["ids"] == plain.get(r["id"]) for r in rows[name])
+            o["same_as_plain"] = round(same / max(1, len(rows[name])), 4)
     return out
 
 
@@ -252,7 +255,8 @@ def plot(summary: dict, path: Path, cpu: str) -> None:
     x = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(9.5, 4.4))
     colors = ["#888" if n in ("plain", "llama-plain") else ("#c74" if n.startswith("llama") else "#47a") for n in names]
-    ax.bar(x - 0.2, [summary[n]["wall_tok_s"] for n in names], 0.4, color=colors, label="whole request (prefill included)")
+    ax.bar(x - 0.2, [summary[n]["wall_tok_s"] for n in names], 0.4, color=colors,
+           label="whole request (prefill included)")
     bars = ax.bar(x + 0.2, [summary[n]["decode_tok_s"] for n in names], 0.4, color=colors, alpha=0.5,
                   label="decode phase")
     for b, n in zip(bars, names):

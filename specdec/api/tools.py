@@ -57,7 +57,8 @@ class Tool:
         fn: dict = {"name": self.name}
         if self.description:
             fn["description"] = self.description
-        fn["parameters"] = dict(self.parameters) if self.parameters is not None else {"type": "object", "properties": {}}
+        empty = {"type": "object", "properties": {}}
+        fn["parameters"] = dict(self.parameters) if self.parameters is not None else empty
         return {"type": "function", "function": fn}
 
 

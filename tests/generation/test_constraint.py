@@ -96,7 +96,8 @@ def test_tokenizer_built_once_per_vocabulary(models):
 def _valid(text: str, kind: str) -> bool:
     if kind == "json":
         obj = json.loads(text)
-        return set(obj) == {"ab", "c"} and isinstance(obj["ab"], int) and 0 <= obj["ab"] <= 250 and obj["c"] in ("x", "yz")
+        return (set(obj) == {"ab", "c"} and isinstance(obj["ab"], int) and 0 <= obj["ab"] <= 250
+                and obj["c"] in ("x", "yz"))
     return re.fullmatch("ab(ab|ba|c)*12", text) is not None
 
 
