@@ -2,9 +2,10 @@
 computed at every position of a valid output (then applied to the logits), for llguidance
 (specdec's choice, generation/constraint.py) and, when installed, outlines-core and xgrammar.
 
-    flock -x /tmp/cpu.lock timeout 480 .venv/bin/python benchmarks/constraint_cost.py
+    python benchmarks/constraint_cost.py --out benchmarks/results/intel/constraint_cost.json
 
-Writes benchmarks/results/constraint_cost.json (machine record included).  The outputs are
+Writes the JSON --out names (machine record included; the run kept is
+benchmarks/results/intel/constraint_cost.json).  The outputs are
 fixed texts that fit their constraints, tokenized by the engine; every position's mask is
 timed (median, p99, max) as the decode loop computes it.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -151,7 +151,7 @@ def _bounded(fn, tok, n_vocab: int, limit: float) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=QWEN_TARGET)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "constraint_cost.json"))
+    ap.add_argument("--out", default="bench-results/constraint_cost.json")
     ap.add_argument("--limit", type=float, default=150.0, help="seconds each other library is given")
     a = ap.parse_args()
     path = hub.resolve(a.model, download=False, progress=False)

@@ -19,7 +19,7 @@ loaded here by path before Numba looks for it, so no LD_LIBRARY_PATH is needed. 
 cannot be loaded (no wheel for the platform) the layer falls back to ``omp``, then
 ``workqueue``, and says so.  The layer changes scheduling only: every output row is computed
 by one iteration of one thread whatever the layer or thread count, so the numbers are the
-same bits (tests/kernels/test_threads.py).
+same bits (tests/engine/test_threads.py).
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def choose() -> str:
                   if (x != "tbb" or tbb_ok) and _usable(x)), "default")
     if layer != want:
         _state["fallback"] = f"{want} is not available here, {layer} runs instead"
-    if layer != "default":                  # the environment too: config.reload_config() keeps it
+    if layer != "default":                  # the environment too, so that a reload of Numba's config keeps it
         os.environ["NUMBA_THREADING_LAYER"] = config.THREADING_LAYER = layer
     _state["asked"] = layer
     return layer

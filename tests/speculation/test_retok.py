@@ -372,7 +372,8 @@ def test_incremental_ids_of_the_real_vocabularies_equal_encoding_the_whole_text(
     qwen, smol = toks.values()
     records = [json.loads(line) for f in sorted((Path(__file__).parents[2] / "benchmarks" / "prompts").glob("*.jsonl"))
                for line in f.read_text().splitlines() if line.strip()]
-    prompts = [r["prompt"] if "prompt" in r else r["code"] for r in records]     # large_files: the code
+    prompts = [r["prompt"] if "prompt" in r else r["code"] if "code" in r     # large_files: the code
+               else "\n".join(m["content"] for m in r["messages"]) for r in records]   # structured: the chat
     for t_tok, d_tok in ((qwen, smol), (smol, qwen)):
         text, tt = IdText(Spelling(t_tok)), TextTokens(Spelling(d_tok))
         for prompt in prompts:
