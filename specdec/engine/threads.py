@@ -12,7 +12,8 @@ kind of pass decides for all its passes.  A prompt's passes
 chosen for the same model's small passes.
 
     GOVERNOR.run(key, fn)   fn() on the chosen thread count, timed and recorded
-    set_threads(n)          -t N: a fixed count, the governor off (0: back to adaptive)
+    set_threads(n)          -t N: a fixed count, the governor off (0: back to the default);
+                            this_thread=True: the calling thread's passes only
     describe() -> dict      the mode and, per kind of pass, the times and the choice
 
 The thread count changes scheduling only: every row of every kernel is computed by one
@@ -91,6 +92,7 @@ class Governor:
 
     def __init__(self) -> None:
         self.fixed = 0                          # -t N; 0: adaptive
+        self._local = threading.local()         # .fixed: one thread's own -t (a server's scheduler)
         env = os.environ.get(ADAPTIVE_ENV, "").strip().lower()
         self._adaptive = None if not env else env not in ("0", "false", "no")
         self.kinds: dict[tuple, dict[int, PassKind]] = {}      # model -> row bucket -> times
@@ -123,8 +125,9 @@ class Governor:
         that runs rarely neither decides on a few noisy first passes nor pays for probes.  A
         kind that becomes the busiest times every count twice first."""
         import numba
-        if self.fixed or not self.adaptive:
-            numba.set_num_threads(self.fixed or numba.config.NUMBA_NUM_THREADS)
+        fixed = getattr(self._local, "fixed", 0) or self.fixed
+        if fixed or not self.adaptive:
+            numba.set_num_threads(fixed or numba.config.NUMBA_NUM_THREADS)
             return fn()
         bucket = row_bucket(n_rows)
         with self._lock:
@@ -155,12 +158,17 @@ class Governor:
 GOVERNOR = Governor()
 
 
-def set_threads(n: int) -> None:
-    """-t N: every pass on min(n, the cores Numba has) threads; 0 returns to the adaptive count."""
+def set_threads(n: int, this_thread: bool = False) -> None:
+    """-t N: every pass on min(n, the cores Numba has) threads; 0 returns to the default.
+    this_thread: only the passes the calling thread runs (Numba's count is per thread too)."""
     import numba
-    GOVERNOR.fixed = min(int(n), numba.config.NUMBA_NUM_THREADS) if n else 0
-    if GOVERNOR.fixed:
-        numba.set_num_threads(GOVERNOR.fixed)
+    n = min(int(n), numba.config.NUMBA_NUM_THREADS) if n else 0
+    if this_thread:
+        GOVERNOR._local.fixed = n
+    else:
+        GOVERNOR.fixed = n
+    if n:
+        numba.set_num_threads(n)
 
 
 def describe() -> dict:

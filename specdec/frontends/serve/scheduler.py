@@ -295,9 +295,9 @@ class Scheduler:
     def run(self) -> None:
         """Admit and step requests until close(): the scheduler's loop, in the calling thread
         (start=False) or in its own (start=True)."""
-        if self.threads:                    # numba's thread count is per calling thread
-            import numba
-            numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
+        if self.threads:                    # the passes this thread runs (engine/threads.py)
+            from ...engine.threads import set_threads
+            set_threads(self.threads, this_thread=True)
         while True:
             with self._cv:
                 while not self._stopped and not self.queue and not self.active:
