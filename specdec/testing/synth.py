@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as T
 
 @dataclass(frozen=True)
 class TinySpec:
-    arch: str = "llama"          # llama | qwen2 | qwen3 | phi3 | smollm3 | gemma3
+    arch: str = "llama"          # llama | qwen2 | qwen3 | phi3 | smollm3 | gemma3 | qwen3moe
     n_vocab: int = 48
     d_model: int = 64
     n_layer: int = 2
@@ -36,6 +36,10 @@ class TinySpec:
     rope_scale_linear: float = 0.0     # rope.scaling.type linear with this factor (0: none)
     extra_metadata: tuple = ()         # (key, value) pairs written as they are (int, float or str)
     extra_tensors: tuple = ()          # names of extra float32 vectors of d_model values
+    n_expert: int = 0                  # llama / qwen3moe: experts per layer in place of the FFN
+    n_expert_used: int = 2             # ... of which each token uses this many
+    d_ff_exp: int = 0                  # qwen3moe: expert_feed_forward_length (0: d_ff)
+    expert_qtype: int = -1             # the experts' type (-1: qtype); the router is F32
 
 
 def _tokens(n_vocab: int) -> list[str]:
@@ -115,6 +119,13 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     w.add_head_count_kv(Hkv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
+    moe = spec.n_expert > 0 or a == "qwen3moe"
+    F_exp = spec.d_ff_exp or F
+    if moe:
+        w.add_expert_count(spec.n_expert)
+        w.add_expert_used_count(spec.n_expert_used)
+        if a == "qwen3moe":
+            w.add_expert_feed_forward_length(F_exp)
     if a == "gemma3":
         w.add_key_length(Dh)
         w.add_value_length(Dh)
@@ -131,15 +142,18 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     if spec.chat_template is not None:
         w.add_chat_template(spec.chat_template)
 
-    def mat(name, n_out, n_in, std):
-        x = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)   # (N, K)
-        qt = T(spec.qtype)
+    def mat(name, n_out, n_in, std, qtype=None, n_stack=0):
+        """(N, K) weights of qtype (spec.qtype), or n_stack of them as one (E, N, K) tensor."""
+        lead = (n_stack,) if n_stack else ()
+        x = (rng.standard_normal((*lead, n_out, n_in)) * std).astype(np.float32)   # ([E,] N, K)
+        qt = T(spec.qtype if qtype is None else qtype)
         if qt == T.F32:
             w.add_tensor(name, x)
         elif qt == T.F16:
             w.add_tensor(name, x.astype(np.float16))
         elif qt in _KQUANT_SCALES:
-            raw = _random_kquant(rng, n_out, n_in, qt, std)
+            raw = _random_kquant(rng, (n_stack or 1) * n_out, n_in, qt, std)
+            raw = raw.reshape(*lead, n_out, -1)
             w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
         else:
             raw = gguf.quants.quantize(x, qt)
@@ -166,13 +180,20 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
                 vec(p + f"attn_{n}.bias", size, around=0.0, std=0.1)
         mat(p + "attn_output.weight", D, H * Dh, 1 / np.sqrt(H * Dh))
         vec(p + "ffn_norm.weight", D)
-        if a == "phi3":
+        if moe:                                       # router (F32 as in real files) and experts
+            E, qe = spec.n_expert, spec.qtype if spec.expert_qtype < 0 else spec.expert_qtype
+            mat(p + "ffn_gate_inp.weight", E, D, 1 / np.sqrt(D), qtype=T.F32)
+            mat(p + "ffn_gate_exps.weight", F_exp, D, 1 / np.sqrt(D), qtype=qe, n_stack=E)
+            mat(p + "ffn_up_exps.weight", F_exp, D, 1 / np.sqrt(D), qtype=qe, n_stack=E)
+            mat(p + "ffn_down_exps.weight", D, F_exp, 1 / np.sqrt(F_exp), qtype=qe, n_stack=E)
+        elif a == "phi3":
             mat(p + "ffn_up.weight", 2 * F, D, 1 / np.sqrt(D))
         else:
             mat(p + "ffn_gate.weight", F, D, 1 / np.sqrt(D))
             mat(p + "ffn_up.weight", F, D, 1 / np.sqrt(D))
-        mat(p + "ffn_down.weight", D, F, 1 / np.sqrt(F))
-        if a == "qwen3":
+        if not moe:
+            mat(p + "ffn_down.weight", D, F, 1 / np.sqrt(F))
+        if a in ("qwen3", "qwen3moe"):
             vec(p + "attn_q_norm.weight", Dh)
             vec(p + "attn_k_norm.weight", Dh)
         if a == "gemma3":

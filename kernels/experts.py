@@ -1,0 +1,114 @@
+"""Mixture-of-experts kernels: the router's top-k, and the expert FFNs grouped by expert.
+
+A MoE layer replaces the dense FFN by E experts, each an ordinary gate / up / down triple
+stored as one slice of the 3-D tensors ffn_{gate,up,down}_exps (GGUF: [E, rows, cols], so
+expert e's matrix is the e-th (N, row_bytes) block of the file, a zero-copy view).  A row
+picks k experts; a pass over M rows:
+
+    route(logits, k, norm, scale)   (M, E) router logits -> ids (M, k), weights (M, k):
+                                    softmax, top-k, optional renormalisation, as llama.cpp's
+                                    build_moe_ffn (gating softmax)
+    groups(ids, n_expert)           the rows of each woken expert: (experts, starts, pairs)
+    expert_ffn(...)                 every woken expert's three matmuls once over its own rows
+                                    (the same multi-row kernels as the dense layers), the
+                                    k outputs of each row weighted and summed in slot order
+
+Row independence: route works row by row; each expert's matmul is row-independent (the
+matmul contract in __init__); the sum runs over a row's own slots in a fixed order.  So a
+row's output is the same bits whichever rows share its pass.  A one-row pass touches only its
+k experts' bytes: the other E - k slices of the mapped file are never read.
+The plain NumPy statement of all three is reference.moe_ffn.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from . import matmul
+from .ops import swiglu
+
+F16_MIN = np.float32(6.103515625e-5)     # llama.cpp clamps the weight sum to the smallest fp16 normal
+
+
+@njit(cache=True, nogil=True)
+def route(logits, k, norm, scale):
+    """logits (M, E) float32 -> ids (M, k) int64 (best first; the lower id on ties), weights
+    (M, k) float32.  Softmax as ggml_soft_max (exp of the float32 difference to the row's max
+    rounded to float32, their sum in float64, times its float32 reciprocal); the k largest probabilities; with norm each divided by their float64
+    sum clamped to F16_MIN; times scale when it is not 1."""
+    M, E = logits.shape
+    ids = np.empty((M, k), dtype=np.int64)
+    w = np.empty((M, k), dtype=np.float32)
+    p = np.empty(E, dtype=np.float32)
+    taken = np.zeros(E, dtype=np.bool_)
+    for m in range(M):
+        mx = logits[m, 0]
+        for e in range(1, E):
+            mx = max(mx, logits[m, e])
+        s = 0.0
+        for e in range(E):
+            p[e] = np.float32(math.exp(np.float64(logits[m, e] - mx)))
+            s += np.float64(p[e])
+        inv = np.float32(1.0 / s)
+        for e in range(E):
+            p[e] = p[e] * inv
+            taken[e] = False
+        for j in range(k):
+            best = -1
+            for e in range(E):
+                if not taken[e] and (best < 0 or p[e] > p[best]):
+                    best = e
+            taken[best] = True
+            ids[m, j] = best
+            w[m, j] = p[best]
+        if norm:
+            t = 0.0
+            for j in range(k):
+                t += np.float64(w[m, j])
+            tot = max(np.float32(t), F16_MIN)
+            for j in range(k):
+                w[m, j] = w[m, j] / tot
+        if scale != 1.0:
+            for j in range(k):
+                w[m, j] = w[m, j] * np.float32(scale)
+    return ids, w
+
+
+def groups(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ids (M, k) -> (experts (G,) the woken ids ascending, starts (G + 1,), pairs (M k,)):
+    pairs[starts[g]:starts[g + 1]] are the flat (row * k + slot) entries that chose experts[g],
+    rows ascending."""
+    flat = ids.ravel()                                                       # (M k,)
+    pairs = np.argsort(flat, kind="stable")                                  # grouped by expert
+    counts = np.bincount(flat, minlength=n_expert)                           # (E,)
+    experts = np.flatnonzero(counts)                                         # (G,)
+    starts = np.concatenate([[0], np.cumsum(counts[experts])])               # (G + 1,)
+    return experts, starts, pairs
+
+
+def expert_ffn(gate: np.ndarray, up: np.ndarray, down: np.ndarray, qtypes: tuple[int, int, int],
+               x: np.ndarray, ids: np.ndarray, weights: np.ndarray, float_act: bool = False) -> np.ndarray:
+    """sum_j weights[m, j] * down_e(silu(gate_e(x[m])) * up_e(x[m])), e = ids[m, j], over
+    slots j = 0..k-1 in that order -> (M, D) float32.
+
+    gate, up: (E, F, ·) and down (E, D, ·) the raw 3-D tensors (each [e] a 2-D weight of the
+    matmul contract); x (M, D) float32.  Each woken expert runs its three matmuls once over
+    the rows that chose it."""
+    M, k = ids.shape
+    D = down.shape[1]
+    out = np.empty((M, k, D), dtype=np.float32)                              # each slot's output
+    experts, starts, pairs = groups(ids, gate.shape[0])
+    for g, e in enumerate(experts):
+        sel = pairs[starts[g]:starts[g + 1]]                                 # (m_e,) row*k + slot
+        rows = sel // k
+        xe = x[rows]                                                         # (m_e, D) a copy
+        a = matmul(gate[e], qtypes[0], xe, float_act=float_act)              # (m_e, F)
+        b = matmul(up[e], qtypes[1], xe, float_act=float_act)                # (m_e, F)
+        swiglu(a, b, a)
+        out[rows, sel % k] = matmul(down[e], qtypes[2], a, float_act=float_act)   # (m_e, D)
+    y = out[:, 0] * weights[:, :1]                                           # (M, D)
+    for j in range(1, k):
+        y += out[:, j] * weights[:, j:j + 1]
+    return y
