@@ -117,3 +117,29 @@ def test_greedy_speculative_equals_plain(tiny_model, name, prompt, draft_n):
     assert_greedy_identical(target, [prompt], 16, draft=draft, draft_n=draft_n, ignore_eos=True)
     assert_greedy_identical(target, [prompt], 16, draft=draft, draft_n=draft_n, draft_tree=3,
                             ignore_eos=True)
+
+
+def test_trace_and_policy_count_experts(tiny_model, tmp_path):
+    """Each trace record holds the distinct experts per layer its verification pass woke,
+    and the adaptive policy's cost regressor is the new experts of a pass, not its rows."""
+    from specdec.speculation.policies import AdaptiveLength, StepFeedback
+    from specdec.speculation.trace import JsonlTrace, read_trace
+    m = tiny_model(SPECS["qwen3moe"])
+    draft = tiny_model(dataclasses.replace(SPECS["qwen3moe"], seed=9))
+    path = tmp_path / "t.jsonl"
+    with JsonlTrace(path) as sink:
+        m.generate(TOKENS, n_predict=12, temperature=0.0, ignore_eos=True, draft=draft, draft_n=4,
+                   trace=sink)
+    recs = read_trace(path)
+    k, E = m.config.n_expert_used, m.config.n_expert
+    assert recs and all(len(r.experts) == m.config.n_layer for r in recs)
+    for r in recs:
+        assert all(k <= n <= min(E, k * (len(r.drafted) + 1)) for n in r.experts)
+    pol = AdaptiveLength(n_max=8)
+    assert pol.estimates() == {}
+    for n, woken, s in ((1, 5.0, 0.011), (4, 7.0, 0.013), (8, 8.0, 0.014), (2, 6.0, 0.012)):
+        pol.observe(StepFeedback("model", 8, n, n, n // 2, 0.001 * n, s, experts=woken, routing=(E, k)))
+    assert pol.woken(5) == 7.0 and abs(pol.woken(4) - E * (1 - (1 - k / E) ** 4)) < 1e-12
+    est = pol.estimates()["model"]
+    assert est["growth_per"] == "k new experts" and est["growth"] > 0
+    assert 1 <= pol.next_n() <= 8
