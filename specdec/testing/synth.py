@@ -40,6 +40,7 @@ class TinySpec:
     n_expert_used: int = 2             # ... of which each token uses this many
     d_ff_exp: int = 0                  # qwen3moe: expert_feed_forward_length (0: d_ff)
     expert_qtype: int = -1             # the experts' type (-1: qtype); the router is F32
+    d_head: int = 0                    # attention.key_length / value_length (0: d_model / n_head, unwritten)
 
 
 def _tokens(n_vocab: int) -> list[str]:
@@ -84,7 +85,8 @@ def _random_kquant(rng, n_out: int, n_in: int, qt: T, std: float) -> np.ndarray:
     for _ in range(2):
         for off in offsets:
             raw[:, off:off + 2] = np.frombuffer(np.float16(val).tobytes(), np.uint8)
-        got = gguf.quants.dequantize(raw.reshape(n_out, -1), qt).std()
+        rows = raw.reshape(n_out, -1)
+        got = gguf.quants.dequantize(rows[:4096], qt).std()      # (a sample of a large tensor)
         val = np.float16(1e-3 * std / got)
     return raw.reshape(n_out, -1)
 
@@ -108,7 +110,7 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     rng = np.random.default_rng(spec.seed)
     path = Path(path)
     D, H, Hkv, F, V = spec.d_model, spec.n_head, spec.n_head_kv, spec.d_ff, spec.n_vocab
-    Dh = D // H
+    Dh = spec.d_head or D // H
     w = gguf.GGUFWriter(str(path), spec.arch)
     a = spec.arch
     w.add_block_count(spec.n_layer)
@@ -126,6 +128,9 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
         w.add_expert_used_count(spec.n_expert_used)
         if a == "qwen3moe":
             w.add_expert_feed_forward_length(F_exp)
+    if spec.d_head and a != "gemma3":
+        w.add_key_length(Dh)
+        w.add_value_length(Dh)
     if a == "gemma3":
         w.add_key_length(Dh)
         w.add_value_length(Dh)
@@ -145,15 +150,18 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     def mat(name, n_out, n_in, std, qtype=None, n_stack=0):
         """(N, K) weights of qtype (spec.qtype), or n_stack of them as one (E, N, K) tensor."""
         lead = (n_stack,) if n_stack else ()
-        x = (rng.standard_normal((*lead, n_out, n_in)) * std).astype(np.float32)   # ([E,] N, K)
         qt = T(spec.qtype if qtype is None else qtype)
+        if n_stack and qt in _KQUANT_SCALES:          # random codes: no values to draw
+            raw = _random_kquant(rng, n_stack * n_out, n_in, qt, std).reshape(n_stack, n_out, -1)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
+            return
+        x = (rng.standard_normal((*lead, n_out, n_in)) * std).astype(np.float32)   # ([E,] N, K)
         if qt == T.F32:
             w.add_tensor(name, x)
         elif qt == T.F16:
             w.add_tensor(name, x.astype(np.float16))
         elif qt in _KQUANT_SCALES:
-            raw = _random_kquant(rng, (n_stack or 1) * n_out, n_in, qt, std)
-            raw = raw.reshape(*lead, n_out, -1)
+            raw = _random_kquant(rng, n_out, n_in, qt, std)
             w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
         else:
             raw = gguf.quants.quantize(x, qt)
