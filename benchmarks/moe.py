@@ -5,9 +5,11 @@ predict at this host's bandwidth.
 
 The file (written once into the cache by specdec.testing.synth, random weights): Qwen3-30B-A3B's
 layer shapes (hidden 2048, 32 query / 4 key-value heads of 128, 128 experts of width 768, 8
-per token) with fewer layers, Q4_K weights, a 32000-token vocabulary; the router is F32 as
-in real files.  Random routers spread the tokens over the experts about uniformly (a real
-model's routing is more skewed, so it shares more experts between rows than this does).
+per token) with fewer layers, Q4_K weights of zero-mean values (TinySpec.centered: random
+K-quant codes otherwise share one direction in every row, and every token woke the same 8
+experts), a 32000-token vocabulary; the router is F32 as in real files.  Random routers
+spread the tokens over the experts about uniformly (a real model's routing is more skewed,
+so it shares more experts between rows than this does).
 
     python benchmarks/moe.py [--layers 8] [--write-only] [--out benchmarks/results/intel]
 
@@ -37,7 +39,7 @@ from common import machine_info, write_json
 MS = tuple(range(1, 18))
 DEPTH = 64
 SHAPE = dict(arch="qwen3moe", d_model=2048, n_head=32, n_head_kv=4, d_head=128, n_expert=128,
-             n_expert_used=8, d_ff_exp=768, d_ff=6144, n_vocab=32000, n_ctx=4096, seed=30)
+             n_expert_used=8, d_ff_exp=768, d_ff=6144, n_vocab=32000, n_ctx=4096, seed=30, centered=True)
 
 
 def spec(layers: int, qtype: int) -> TinySpec:
@@ -46,7 +48,7 @@ def spec(layers: int, qtype: int) -> TinySpec:
 
 def bench_file(layers: int, qtype: int) -> Path:
     cache = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec")
-    path = cache / f"bench-qwen3moe-{layers}l-{T(qtype).name.lower()}.gguf"
+    path = cache / f"bench-qwen3moe-{layers}l-{T(qtype).name.lower()}-centered.gguf"
     if not path.exists():
         t = time.perf_counter()
         write_tiny_model(path.with_suffix(".partial"), spec(layers, qtype)).rename(path)

@@ -27,7 +27,10 @@ import numpy as np
 from numba import njit
 
 from . import matmul
+from .kquants import matmul_q8k
+from .kquants_ir import MATMUL_Q8K
 from .ops import swiglu
+from .q8k import quantize_q8_k
 
 F16_MIN = np.float32(6.103515625e-5)     # llama.cpp clamps the weight sum to the smallest fp16 normal
 
@@ -95,19 +98,35 @@ def expert_ffn(gate: np.ndarray, up: np.ndarray, down: np.ndarray, qtypes: tuple
 
     gate, up: (E, F, ·) and down (E, D, ·) the raw 3-D tensors (each [e] a 2-D weight of the
     matmul contract); x (M, D) float32.  Each woken expert runs its three matmuls once over
-    the rows that chose it."""
+    the rows that chose it; K-quant gate / up share one Q8_K rounding of x (rows are rounded
+    independently, so a gathered subset is the rounding of those rows); one SwiGLU over
+    every (row, slot)."""
     M, k = ids.shape
-    D = down.shape[1]
-    out = np.empty((M, k, D), dtype=np.float32)                              # each slot's output
+    F, D = gate.shape[1], down.shape[1]
     experts, starts, pairs = groups(ids, gate.shape[0])
-    for g, e in enumerate(experts):
-        sel = pairs[starts[g]:starts[g + 1]]                                 # (m_e,) row*k + slot
+    shared = not float_act and qtypes[0] in MATMUL_Q8K and qtypes[1] in MATMUL_Q8K
+    xq = quantize_q8_k(x) if shared else None                               # Q8_K of every row
+    g = np.empty((M * k, F), dtype=np.float32)                               # by pair row*k + slot
+    u = np.empty((M * k, F), dtype=np.float32)
+    for i, e in enumerate(experts):
+        sel = pairs[starts[i]:starts[i + 1]]                                 # (m_e,) row*k + slot
         rows = sel // k
-        xe = x[rows]                                                         # (m_e, D) a copy
-        a = matmul(gate[e], qtypes[0], xe, float_act=float_act)              # (m_e, F)
-        b = matmul(up[e], qtypes[1], xe, float_act=float_act)                # (m_e, F)
-        swiglu(a, b, a)
-        out[rows, sel % k] = matmul(down[e], qtypes[2], a, float_act=float_act)   # (m_e, D)
+        if shared:
+            part = xq if len(rows) == M else tuple(np.ascontiguousarray(a[:, rows]) for a in xq)
+            a, b = (np.empty((len(rows), F), np.float32) for _ in range(2))
+            matmul_q8k(qtypes[0], gate[e], *part, a)
+            matmul_q8k(qtypes[1], up[e], *part, b)
+        else:
+            xe = x[rows]                                                     # (m_e, D) a copy
+            a = matmul(gate[e], qtypes[0], xe, float_act=float_act)          # (m_e, F)
+            b = matmul(up[e], qtypes[1], xe, float_act=float_act)
+        g[sel], u[sel] = a, b
+    swiglu(g, u, g)                                                          # (M k, F)
+    out = np.empty((M * k, D), dtype=np.float32)                             # each slot's output
+    for i, e in enumerate(experts):
+        sel = pairs[starts[i]:starts[i + 1]]
+        out[sel] = matmul(down[e], qtypes[2], g[sel], float_act=float_act)   # (m_e, D)
+    out = out.reshape(M, k, D)
     y = out[:, 0] * weights[:, :1]                                           # (M, D)
     for j in range(1, k):
         y += out[:, j] * weights[:, j:j + 1]

@@ -41,6 +41,8 @@ class TinySpec:
     d_ff_exp: int = 0                  # qwen3moe: expert_feed_forward_length (0: d_ff)
     expert_qtype: int = -1             # the experts' type (-1: qtype); the router is F32
     d_head: int = 0                    # attention.key_length / value_length (0: d_model / n_head, unwritten)
+    centered: bool = False             # Q4_K / Q5_K codes of zero-mean values (each group's min = its
+                                       # scale x the codes' mean): no direction shared by every row
 
 
 def _tokens(n_vocab: int) -> list[str]:
@@ -76,15 +78,23 @@ def tokenizer_metadata(spec: TinySpec = TinySpec()) -> dict:
 _KQUANT_SCALES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 
 
-def _random_kquant(rng, n_out: int, n_in: int, qt: T, std: float) -> np.ndarray:
-    """Random K-quant rows (n_out, row_bytes) whose dequantized values have about `std`."""
+def _random_kquant(rng, n_out: int, n_in: int, qt: T, std: float, centered: bool = False) -> np.ndarray:
+    """Random K-quant rows (n_out, row_bytes) whose dequantized values have about `std`;
+    centered (Q4_K, Q5_K): each group's min equals its scale (get_scale_min_k4: bytes 4-7
+    copy 0-3, bytes 8-11 two equal nibbles) and dmin = d x the codes' mean, so that a value
+    d sc (q - mean) averages zero."""
     block, size = gguf.GGML_QUANT_SIZES[qt]
     raw = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)   # (blocks, size)
     offsets = _KQUANT_SCALES[qt]
+    centered = centered and qt in (T.Q4_K, T.Q5_K)
+    if centered:
+        raw[:, 8:12] = raw[:, 4:8]                                    # (scale bytes start at 4)
+        raw[:, 12:16] = (raw[:, 12:16] & 15) * 17
     val = 1e-3                                  # try 1e-3, then rescale to the std wanted
     for _ in range(2):
         for off in offsets:
-            raw[:, off:off + 2] = np.frombuffer(np.float16(val).tobytes(), np.uint8)
+            v = val * (7.5 if qt == T.Q4_K else 15.5) if centered and off == 2 else val
+            raw[:, off:off + 2] = np.frombuffer(np.float16(v).tobytes(), np.uint8)
         rows = raw.reshape(n_out, -1)
         got = gguf.quants.dequantize(rows[:4096], qt).std()      # (a sample of a large tensor)
         val = np.float16(1e-3 * std / got)
@@ -152,7 +162,7 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
         lead = (n_stack,) if n_stack else ()
         qt = T(spec.qtype if qtype is None else qtype)
         if n_stack and qt in _KQUANT_SCALES:          # random codes: no values to draw
-            raw = _random_kquant(rng, n_stack * n_out, n_in, qt, std).reshape(n_stack, n_out, -1)
+            raw = _random_kquant(rng, n_stack * n_out, n_in, qt, std, spec.centered).reshape(n_stack, n_out, -1)
             w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
             return
         x = (rng.standard_normal((*lead, n_out, n_in)) * std).astype(np.float32)   # ([E,] N, K)
@@ -161,7 +171,7 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
         elif qt == T.F16:
             w.add_tensor(name, x.astype(np.float16))
         elif qt in _KQUANT_SCALES:
-            raw = _random_kquant(rng, n_out, n_in, qt, std)
+            raw = _random_kquant(rng, n_out, n_in, qt, std, spec.centered)
             w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
         else:
             raw = gguf.quants.quantize(x, qt)
