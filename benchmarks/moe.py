@@ -43,7 +43,9 @@ SHAPE = dict(arch="qwen3moe", d_model=2048, n_head=32, n_head_kv=4, d_head=128, 
 
 
 def spec(layers: int, qtype: int) -> TinySpec:
-    return TinySpec(**SHAPE, n_layer=layers, qtype=qtype, tokens=tuple(f"<{i}>" for i in range(32000)))
+    letters = tuple(chr(c) for c in range(ord("a"), ord("z") + 1)) + ("aa",)
+    tokens = letters + tuple(f"<{i}>" for i in range(SHAPE["n_vocab"] - len(letters)))
+    return TinySpec(**SHAPE, n_layer=layers, qtype=qtype, tokens=tokens, merges=("a a",))   # llama.cpp wants a merge
 
 
 def bench_file(layers: int, qtype: int) -> Path:
@@ -161,6 +163,12 @@ def main() -> None:
     if lc_tg:
         r["decode_vs_llamacpp"] = round(tg / lc_tg["tg_tok_s"], 3)
     r["pass9_vs_predicted"] = round(ours["forward_ms"][9] / pred["9"], 3)
+    # the adaptive policy's line for an MoE target: v = a + b x, x = (D(M) - k) / k
+    x = np.array([(ours["experts_per_layer"][M] - k) / k for M in MS])
+    v = np.array([ours["forward_ms"][M] for M in MS])
+    b, a0 = np.polyfit(x, v, 1)
+    r["expert_line"] = {"a_ms": round(float(a0), 3), "b_ms_per_k_new_experts": round(float(b), 3),
+                        "expert_growth": round(float(b / a0), 3)}
     a.out.mkdir(parents=True, exist_ok=True)
     write_json(a.out / "moe.json", r)
     plot(r, a.out / "moe.png")

@@ -197,13 +197,14 @@ class AdaptiveLength(DraftPolicy):
     many verified positions, n = 0 (no draft: a plain step) is allowed for it when no n
     pays, and then stays for that key (None: never below n_min); p_min: a model drafter's
     confidence floor inside each draft, as Threshold's (0: none); expert_growth_prior: an MoE
-    target's assumed cost of k newly woken experts per layer (fraction of a one-row pass)."""
+    target's assumed cost of k newly woken experts per layer (fraction of a one-row pass;
+    docs/speculative.md, "Speculation over experts", measured it)."""
 
     def __init__(self, n_max: int = DRAFT_N_MAX, n_min: int = 1, n_init: int = 4,
                  alpha_prior: float = 0.6, alpha_decay: float = 0.05, cost_decay: float = 0.1,
                  growth_prior: float = 0.05, prior_weight: float = 0.5,
                  stop_after: int | None = None, p_min: float = 0.0,
-                 expert_growth_prior: float = 0.5):
+                 expert_growth_prior: float = 0.75):
         check_draft_n(n_max)
         check_draft_p(p_min)
         if not 0 <= n_min <= n_max:
