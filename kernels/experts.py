@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import get_num_threads, njit, prange
 
 from . import matmul
 from .kquants import matmul_q8k
-from .kquants_ir import MATMUL_Q8K
+from .formats import Q4_K, Q5_K, Q6_K
+from .kquants_ir import MATMUL_Q8K, _chunk_q4_k, _chunk_q5_k, _chunk_q6_k
 from .ops import swiglu
 from .q8k import quantize_q8_k
 
@@ -79,6 +80,65 @@ def route(logits, k, norm, scale):
     return ids, w
 
 
+# One row (decoding): the k experts' matmuls of one kind in one parallel region, a task per
+# (expert, chunk of output rows), each the chunk kernel the dense driver runs (kquants_ir), so
+# every value is the one matmul_q8k computes.  One function per format (Numba caches a
+# function per definition).   w3 (E, N, ·); ids (G,); xq3 (G, K/256, 1, 256), xd3 (G, K/256, 1),
+# xbs3 (G, K/256, 1, 16) each expert's Q8_K input; out3 (G, 1, N).
+
+@njit(cache=True, nogil=True, parallel=True)
+def _experts_q4_k(w3, ids, xq3, xd3, xbs3, out3, n_chunks):
+    for t in prange(ids.shape[0] * n_chunks):
+        g = t // n_chunks
+        _chunk_q4_k(w3[ids[g]], xq3[g], xd3[g], xbs3[g], out3[g], t % n_chunks, n_chunks)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _experts_q5_k(w3, ids, xq3, xd3, xbs3, out3, n_chunks):
+    for t in prange(ids.shape[0] * n_chunks):
+        g = t // n_chunks
+        _chunk_q5_k(w3[ids[g]], xq3[g], xd3[g], xbs3[g], out3[g], t % n_chunks, n_chunks)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _experts_q6_k(w3, ids, xq3, xd3, xbs3, out3, n_chunks):
+    for t in prange(ids.shape[0] * n_chunks):
+        g = t // n_chunks
+        _chunk_q6_k(w3[ids[g]], xq3[g], xd3[g], xbs3[g], out3[g], t % n_chunks, n_chunks)
+
+
+ONE_ROW = {Q4_K: _experts_q4_k, Q5_K: _experts_q5_k, Q6_K: _experts_q6_k}
+
+
+def _per_expert(xq, xd, xbs, k: int):
+    """Q8_K of k rows (quantize_q8_k's block-major layout) -> each row's own (K/256, 1, ·) arrays,
+    stacked (k, ...), C-contiguous; k > 1 copies of one row when it has a single row."""
+    if xd.shape[1] == 1:
+        return tuple(np.ascontiguousarray(np.broadcast_to(a, (k, *a.shape))) for a in (xq, xd, xbs))
+    return (np.ascontiguousarray(xq.transpose(1, 0, 2))[:, :, None, :],
+            np.ascontiguousarray(xd.T)[:, :, None],
+            np.ascontiguousarray(xbs.transpose(1, 0, 2))[:, :, None, :])
+
+
+def _one_row_ffn(gate, up, down, qtypes, x, ids, weights) -> np.ndarray:
+    """expert_ffn of a single row of K-quant experts: three parallel regions in all."""
+    k, F, D = ids.shape[1], gate.shape[1], down.shape[1]
+    e = np.ascontiguousarray(ids[0])                                         # (k,) in slot order
+    xin = _per_expert(*quantize_q8_k(x), k)
+    g = np.empty((k, 1, F), np.float32)
+    u = np.empty((k, 1, F), np.float32)
+    ONE_ROW[qtypes[0]](gate, e, *xin, g, max(1, min(get_num_threads(), F)))
+    ONE_ROW[qtypes[1]](up, e, *xin, u, max(1, min(get_num_threads(), F)))
+    a = g.reshape(k, F)
+    swiglu(a, u.reshape(k, F), a)                                            # (k, F)
+    out = np.empty((k, 1, D), np.float32)
+    ONE_ROW[qtypes[2]](down, e, *_per_expert(*quantize_q8_k(a), k), out, max(1, min(get_num_threads(), D)))
+    y = out[0] * weights[:, :1]                                              # (1, D)
+    for j in range(1, k):
+        y += out[j] * weights[:, j:j + 1]
+    return y
+
+
 def groups(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ids (M, k) -> (experts (G,) the woken ids ascending, starts (G + 1,), pairs (M k,)):
     pairs[starts[g]:starts[g + 1]] are the flat (row * k + slot) entries that chose experts[g],
@@ -103,6 +163,8 @@ def expert_ffn(gate: np.ndarray, up: np.ndarray, down: np.ndarray, qtypes: tuple
     every (row, slot)."""
     M, k = ids.shape
     F, D = gate.shape[1], down.shape[1]
+    if M == 1 and not float_act and all(q in ONE_ROW for q in qtypes) and gate.flags.c_contiguous:
+        return _one_row_ffn(gate, up, down, qtypes, x, ids, weights)
     experts, starts, pairs = groups(ids, gate.shape[0])
     shared = not float_act and qtypes[0] in MATMUL_Q8K and qtypes[1] in MATMUL_Q8K
     xq = quantize_q8_k(x) if shared else None                               # Q8_K of every row

@@ -80,3 +80,19 @@ def test_moe_rows_are_independent(qt):
 
     x = rng.standard_normal((24, D)).astype(np.float32)
     assert_rows_independent(moe, np.empty((D, 1)), x, rng)
+
+
+@pytest.mark.parametrize("qt", (T.Q4_K, T.Q5_K, T.Q6_K), ids=lambda q: q.name)
+def test_one_row_in_one_region_equals_one_row_at_a_time(qt):
+    """Decoding's path (experts.ONE_ROW: the k experts of a row in one parallel region):
+    the same bits as the kernels called one expert at a time, and as that row in a pass."""
+    rng = np.random.default_rng(int(qt) + 100)
+    gate, up, down, qts = _layer(qt, 8, rng)
+    x = rng.standard_normal((5, D)).astype(np.float32)
+    ids, w = experts.route(rng.standard_normal((5, 8)).astype(np.float32), 3, True, 1.0)
+    batch = experts.expert_ffn(gate, up, down, qts, x, ids, w)
+    for m in range(5):
+        one = experts.expert_ffn(gate, up, down, qts, x[m:m + 1], ids[m:m + 1], w[m:m + 1])
+        want = reference.moe_ffn(kernels.matmul, swiglu, gate, up, down, qts, x[m:m + 1], ids[m:m + 1], w[m:m + 1])
+        assert np.array_equal(one.view(np.uint32), want.view(np.uint32))
+        assert np.array_equal(one[0].view(np.uint32), batch[m].view(np.uint32))
