@@ -204,7 +204,7 @@ class AdaptiveLength(DraftPolicy):
                  alpha_prior: float = 0.6, alpha_decay: float = 0.05, cost_decay: float = 0.1,
                  growth_prior: float = 0.05, prior_weight: float = 0.5,
                  stop_after: int | None = None, p_min: float = 0.0,
-                 expert_growth_prior: float = 0.75):
+                 expert_growth_prior: float = 0.95):
         check_draft_n(n_max)
         check_draft_p(p_min)
         if not 0 <= n_min <= n_max:
