@@ -2,13 +2,14 @@
 tests/agreement/test_reference_synthetic.py compares against.
 
 Each architecture gets a small random-weight file written by specdec.testing.synth (F32 and
-Q8_0 weights; Llama 3.1 with its rope_freqs tensor), run through llama.cpp (llama-cpp-python,
+Q8_0 weights; Llama 3.1 with its rope_freqs tensor; qwen3moe and a Mixtral-style llama file
+with experts, whose router stays F32 as in real files), run through llama.cpp (llama-cpp-python,
 the version of tests/data/reference, built natively): the logits of every position of a
 fixed prompt (logits_all) and a greedy continuation with its margins.  The file itself is not
 committed: the test writes it again from the same spec and checks its SHA-256 against the one
 recorded here, so a changed writer is noticed instead of compared.
 
-    python benchmarks/reference_synthetic.py [--out tests/data/reference/synthetic.json]
+    python benchmarks/reference_synthetic.py [--out tests/data/reference/synthetic.json] [--add]
 """
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ SPECS = {   # name -> TinySpec; 4 layers so that smollm3 has a layer without RoP
                                                           rope_freqs=arch == "llama")
     for arch in ("llama", "mistral3", "qwen2", "qwen3", "phi3", "smollm3", "gemma3") for qt in (F32, Q8_0)
 }
+MOE = {"qwen3moe": dict(arch="qwen3moe", n_expert=8, n_expert_used=3, d_ff_exp=64),   # top-3 of 8
+       "mixtral": dict(arch="llama", n_expert=4, n_expert_used=2)}                     # top-2 of 4
+SPECS.update({f"{name}-{'f32' if qt == F32 else 'q8_0'}": TinySpec(**kw, n_layer=4, qtype=qt, seed=21, n_ctx=256,
+                                                                  n_vocab=64, merges=("a a",))
+              for name, kw in MOE.items() for qt in (F32, Q8_0)})
 
 
 def sha256(path: Path) -> str:
@@ -40,7 +46,19 @@ def sha256(path: Path) -> str:
 
 def run(path: Path) -> dict | None:
     """llama.cpp's logits over PROMPT and its greedy continuation, or None if it refuses."""
+    import llama_cpp
     from llama_cpp import Llama
+    # ggml's extra buffer types (the AMX / repacked weights of a native build) crash the
+    # 0.3.36 build on these tiny Q8_0 files on an AMX host: the plain CPU buffers instead
+    default = llama_cpp.llama_model_default_params
+
+    def plain_buffers():
+        params = default()
+        params.use_extra_bufts = False
+        return params
+    llama_cpp.llama_cpp.llama_model_default_params = llama_cpp.llama_model_default_params = plain_buffers
+    import llama_cpp.llama as llama_mod
+    llama_mod.llama_cpp.llama_model_default_params = plain_buffers
     try:
         llm = Llama(str(path), n_ctx=128, n_threads=2, n_threads_batch=2, logits_all=True,
                     verbose=False, n_batch=64)
@@ -60,16 +78,35 @@ def run(path: Path) -> dict | None:
     return {"logits": np.round(logits, 5).tolist(), "greedy": ids, "margins": np.round(margins, 5).tolist()}
 
 
+def run_apart(path: Path) -> dict | None:
+    """run(path) in a child process of its own (a second model in one process may crash
+    llama-cpp-python's native build)."""
+    import subprocess
+    import sys
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            f"from reference_synthetic import run; from pathlib import Path; "
+            f"print(json.dumps(run(Path({str(path)!r}))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     import llama_cpp
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("tests/data/reference/synthetic.json"))
+    ap.add_argument("--add", action="store_true", help="keep the records --out has, run the specs it lacks")
     a = ap.parse_args()
-    records = {}
+    old = json.loads(a.out.read_text()) if a.add and a.out.exists() else {"models": {}}
+    if a.add and old.get("llama_cpp_python") not in (None, llama_cpp.__version__):
+        raise SystemExit(f"{a.out} was made with llama-cpp-python {old['llama_cpp_python']}, "
+                         f"this is {llama_cpp.__version__}")
+    records = dict(old["models"])
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in SPECS.items():
+            if name in records:
+                continue
             path = write_tiny_model(Path(tmp) / f"{name}.gguf", spec)
-            out = run(path)
+            out = run_apart(path)
             print(name, "refused by llama.cpp" if out is None else f"greedy {out['greedy'][:8]}", flush=True)
             if out is not None:
                 records[name] = {"spec": dataclasses.asdict(spec), "sha256": sha256(path), **out}

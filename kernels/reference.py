@@ -16,9 +16,12 @@ The tests compare the kernels with these bit for bit.
                                     factors, linear scaling (ops.rope_cos_sin + ops.rope_apply)
     swiglu(g, u), geglu(g, u)       silu(g)·u and gelu_tanh(g)·u in float64 (ops.swiglu, ops.geglu)
     fma32(a, b, c)                  a·b + c rounded once to float32 (llvm.fma), element-wise
+    moe_route(logits, k, norm, s)   the router's softmax, top-k and renormalisation (experts.route)
+    moe_ffn(...)                    the k experts of each row, one row at a time (experts.expert_ffn)
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -284,3 +287,40 @@ def geglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     """gelu_tanh(g) · u = 0.5 g (1 + tanh(sqrt(2/π) (g + 0.044715 g³))) · u, in float64."""
     g = np.asarray(g, np.float64)
     return 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3))) * u
+
+
+def moe_route(logits: np.ndarray, k: int, norm: bool, scale: float = 1.0):
+    """(M, E) float32 -> ids (M, k) int64, weights (M, k) float32, as experts.route: per row
+    p = float32(exp(l - max)) * float32(1 / float64 sum, in order); the k largest (lower id first
+    on ties); with norm divided by max(float32(float64 sum), 6.103515625e-5); times scale."""
+    M, E = logits.shape
+    ids, w = np.empty((M, k), np.int64), np.empty((M, k), np.float32)
+    for m in range(M):
+        d = logits[m] - logits[m].max()                                           # (E,) float32
+        e = np.array([math.exp(float(v)) for v in d], np.float32)                 # libm exp, rounded
+        p = e * np.float32(1.0 / sum(float(v) for v in e))                        # float64 sum in order
+        ids[m] = np.lexsort((np.arange(E), -p))[:k]
+        w[m] = p[ids[m]]
+        if norm:
+            w[m] = w[m] / max(np.float32(sum(float(v) for v in w[m])), np.float32(6.103515625e-5))
+        if scale != 1.0:
+            w[m] *= np.float32(scale)
+    return ids, w
+
+
+def moe_ffn(matmul, swiglu, gate, up, down, qtypes, x: np.ndarray, ids: np.ndarray,
+            weights: np.ndarray) -> np.ndarray:
+    """experts.expert_ffn one row and one slot at a time, no grouping: matmul(w, qtype, x) and
+    swiglu(g, u, out) the dense kernels (their own references are above and in the ops
+    tests), each row's k expert outputs weighted and summed in slot order -> (M, D) float32."""
+    M, k = ids.shape
+    y = np.empty((M, down.shape[1]), np.float32)
+    for m in range(M):
+        xm = x[m:m + 1]
+        for j in range(k):
+            e = ids[m, j]
+            g, u = matmul(gate[e], qtypes[0], xm), matmul(up[e], qtypes[1], xm)      # (1, F)
+            swiglu(g, u, g)
+            o = matmul(down[e], qtypes[2], g)[0] * weights[m, j]                     # (D,)
+            y[m] = o if j == 0 else y[m] + o
+    return y

@@ -4,9 +4,9 @@ FakeSession follows the Session contract of specdec.engine.model (eval / truncat
 n_ctx, n_vocab) with logits that are a fixed pseudo-random function of the last `window`
 tokens of the context: deterministic, context dependent, and bitwise identical whatever the
 batch size.  A pair factory returns (target, draft) sessions; tests parametrize over
-PAIR_FACTORIES: 'fake' (FakeSession) and 'synth' (tiny random-weight GGUF transformers of
-tests/synth.py, run by specdec.engine.model); a new kind of model is one more entry with the same
-signature.  As everywhere: p is the target's distribution, q the draft's.
+PAIR_FACTORIES: 'fake' (FakeSession), 'synth' (tiny random-weight GGUF transformers of
+tests/synth.py, run by specdec.engine.model) and 'synth_moe' (the same with experts); a new
+kind of model is one more entry with the same signature.  As everywhere: p is the target's distribution, q the draft's.
 """
 from __future__ import annotations
 
@@ -213,8 +213,20 @@ def synth_pair(n_vocab: int, seed: int, relation: str, n_ctx: int = 512):
             Recorder(_synth_model(draft).session(n_ctx)))
 
 
+def synth_moe_pair(n_vocab: int, seed: int, relation: str, n_ctx: int = 512):
+    """synth_pair of qwen3moe files (4 experts, top 2): each verification pass groups its
+    rows by expert differently than the one-row passes."""
+    from synth import TinySpec
+    base = TinySpec(arch="qwen3moe", n_vocab=n_vocab, d_model=16, n_head=2, n_head_kv=1, d_ff=24,
+                    n_layer=2, seed=seed, n_ctx=n_ctx, n_expert=4, n_expert_used=2)
+    draft = {"identical": base, "good": replace(base, n_layer=1),
+             "bad": replace(base, seed=seed + 104729)}[relation]
+    return (Recorder(_synth_model(base).session(n_ctx)),
+            Recorder(_synth_model(draft).session(n_ctx)))
+
+
 # name -> factory(n_vocab, seed, relation, n_ctx=...) -> (target, draft)
-PAIR_FACTORIES = {"fake": fake_pair, "synth": synth_pair}
+PAIR_FACTORIES = {"fake": fake_pair, "synth": synth_pair, "synth_moe": synth_moe_pair}
 
 
 from specdec.testing.law import PathRng, enumerate_outcomes  # noqa: E402,F401  (public now)

@@ -7,14 +7,16 @@ from dataclasses import dataclass
 from ..errors import GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
 
-SUPPORTED_ARCHS = ("llama", "mistral3", "qwen2", "qwen3", "phi3", "smollm3", "gemma3")
+SUPPORTED_ARCHS = ("llama", "mistral3", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "qwen3moe")
+MOE_ARCHS = ("llama", "qwen3moe")   # a router and experts where the file names an expert_count
+MAX_EXPERTS = 512                    # llama.cpp's LLAMA_MAX_EXPERTS
 MAX_COUNT = 1 << 24      # bound on every integer hyper-parameter (layers, widths, context)
 
 # RoPE variants, as llama.cpp's llama_model_rope_type assigns them:
 # NORM rotates adjacent pairs (x[2i], x[2i+1]); NEOX rotates halves (x[i], x[i + d/2]).
 ROPE_NORM, ROPE_NEOX = 0, 2
 _ROPE_TYPE = {"llama": ROPE_NORM, "mistral3": ROPE_NORM, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "phi3": ROPE_NEOX,
-              "smollm3": ROPE_NORM, "gemma3": ROPE_NEOX}
+              "smollm3": ROPE_NORM, "gemma3": ROPE_NEOX, "qwen3moe": ROPE_NEOX}
 NO_ROPE_PERIOD = {"smollm3": 4}   # layer il skips RoPE iff (il + 1) % period == 0 (hparams.n_no_rope_layer_step)
 
 
@@ -42,6 +44,16 @@ class ModelConfig:
     final_logit_softcap: float = 0.0  # gemma3: logits = c * tanh(logits / c) when c > 0
     rope_freq_scale: float = 1.0     # linear RoPE scaling: every angle times this (1 / factor)
     no_rope_period: int = 0          # smollm3: every 4th layer has no RoPE (0: every layer rotates)
+    # mixture of experts (engine/moe.py): 0 experts = a dense FFN of d_ff
+    n_expert: int = 0                # E experts per layer
+    n_expert_used: int = 0           # k of them per token (top-k of the router's softmax)
+    d_ff_exp: int = 0                # each expert's FFN width
+    expert_norm: bool = True         # renormalise the k weights to sum 1
+    expert_scale: float = 1.0        # then multiply them by this
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
 
     @property
     def n_rep(self) -> int:
@@ -109,11 +121,12 @@ class ModelConfig:
                 raise UnsupportedModelError(
                     f"{gf.path}: RoPE scaling (factor {factor:g}) is not supported")
         _refuse_unimplemented(gf, arch, key)
+        moe = _experts(gf, arch, key, count, real)
         return cls(
             arch=arch,
             n_layer=n_layer,
             d_model=d_model, n_head=n_head, n_head_kv=n_head_kv, d_head=d_head,
-            d_ff=count("feed_forward_length"),
+            d_ff=count("feed_forward_length", 0 if moe else None),
             n_vocab=int(n_vocab),
             n_ctx_train=count("context_length", 2048),
             norm_eps=real("attention.layer_norm_rms_epsilon", 1e-5),
@@ -127,6 +140,7 @@ class ModelConfig:
             final_logit_softcap=softcap,
             rope_freq_scale=1.0 if arch == "gemma3" else _linear_rope_scale(gf, arch, key),
             no_rope_period=NO_ROPE_PERIOD.get(arch, 0),
+            **moe,
         )
 
 
@@ -149,10 +163,45 @@ def _linear_rope_scale(gf: GGUFFile, arch: str, key) -> float:
 def _refuse_unimplemented(gf: GGUFFile, arch: str, key) -> None:
     """Metadata that changes the computation in ways this engine does not implement: an
     UnsupportedModelError naming the key, never a silently different model."""
-    for name in ("expert_count", "attn_logit_softcapping", "final_logit_softcapping",
+    for name in ("attn_logit_softcapping", "final_logit_softcapping",
                  "attention.temperature_scale"):
         if name == "final_logit_softcapping" and arch == "gemma3":
             continue
         v = key(name, 0)
         if v not in (0, 0.0, None):
             raise UnsupportedModelError(f"{gf.path}: {arch}.{name} = {v!r:.40} is not implemented by specdec")
+
+
+def _experts(gf: GGUFFile, arch: str, key, count, real) -> dict:
+    """The mixture-of-experts fields of ModelConfig (empty for a dense file), as llama.cpp
+    reads them: qwen3moe's experts are expert_feed_forward_length wide (else feed_forward_length
+    / k), a llama file's (Mixtral) feed_forward_length; both renormalise the top-k weights
+    (llama.cpp hard-codes it for the two; expert_weights_norm false is honoured here) and scale
+    them by expert_weights_scale when set.  Routing specdec does not implement (expert groups,
+    a gating function other than softmax, shared experts) is refused by key."""
+    n_expert = count("expert_count", 0, lo=0, hi=MAX_EXPERTS)
+    if arch == "qwen3moe" and n_expert == 0:
+        raise GGUFError(f"{gf.path}: qwen3moe.expert_count is missing (a qwen3moe file has experts)")
+    if n_expert == 0:
+        return {}
+    if arch not in MOE_ARCHS:
+        raise UnsupportedModelError(f"{gf.path}: {arch}.expert_count = {n_expert} is not implemented by "
+                                    f"specdec (experts: {', '.join(MOE_ARCHS)})")
+    used = count("expert_used_count", None, lo=1, hi=n_expert)
+    for name, ok in (("expert_group_count", (0, 1)), ("expert_gating_func", (0, 1)),
+                     ("expert_shared_count", (0,)), ("expert_shared_feed_forward_length", (0,))):
+        v = key(name, 0)
+        if v not in ok:
+            raise UnsupportedModelError(f"{gf.path}: {arch}.{name} = {v!r:.40} is not implemented by specdec")
+    norm = key("expert_weights_norm", True)
+    if not isinstance(norm, bool):
+        raise GGUFError(f"{gf.path}: {arch}.expert_weights_norm is {norm!r:.40}, expected a bool")
+    scale = real("expert_weights_scale", 0.0)
+    if arch == "qwen3moe":
+        width = count("expert_feed_forward_length", 0, lo=0)
+        if width == 0:
+            width = count("feed_forward_length") // used
+    else:
+        width = count("feed_forward_length")
+    return dict(n_expert=n_expert, n_expert_used=used, d_ff_exp=width, expert_norm=norm,
+                expert_scale=scale if scale not in (0.0, 1.0) else 1.0)

@@ -2,8 +2,10 @@
 
 Architectures: llama and mistral3 (Llama 3.1's rope_freqs; optional output and FFN biases),
 qwen2 (QKV biases, NEOX RoPE), qwen3 (q/k norms, NEOX), phi3 (fused attn_qkv and gate|up,
-NEOX), smollm3 (no RoPE on every 4th layer) and gemma3 (scaled embeddings, q/k norms,
-post-attention / post-FFN norms, GeGLU, sliding-window local layers with their own RoPE base).
+NEOX), smollm3 (no RoPE on every 4th layer), gemma3 (scaled embeddings, q/k norms,
+post-attention / post-FFN norms, GeGLU, sliding-window local layers with their own RoPE base),
+qwen3moe (qwen3's attention, a mixture of experts in place of the FFN) and llama files with
+experts (Mixtral: top-2), whose router and experts are engine/moe.py.
 A tensor the forward pass does not read is refused by name (never silently left out).
 `forward` processes M new tokens at once and returns logits for every one of them; every
 kernel it calls is row-independent, so a row's logits are the same bits for any M.
@@ -62,25 +64,27 @@ def rope_factors(cfg: ModelConfig, w: Weights, local: bool) -> np.ndarray:
 
 
 def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, start_pos: int,
-            last_only: bool = False, head: Linear | None = None) -> np.ndarray:
+            last_only: bool = False, head: Linear | None = None, stats: list | None = None) -> np.ndarray:
     """tokens (M,) at positions start_pos.. -> logits (M, V), or (1, V) for the last row only;
-    head: an output layer to use instead of w.output (Session's n_logits: its first rows).
+    head: an output layer to use instead of w.output (Session's n_logits: its first rows);
+    stats: a MoE model appends, per layer and pass, the number of distinct experts woken.
 
     Writes the new keys/values into `cache` at start_pos..start_pos+M-1 and sets n_past.
     A prompt of more than UBATCH rows goes through in passes of UBATCH rows (each row's
     logits are the same bits in any pass: only the activations' working set changes)."""
     if len(tokens) <= UBATCH:
-        return _forward(cfg, w, [Item(cache, tokens, start_pos, last_only)], head)[0]
+        return _forward(cfg, w, [Item(cache, tokens, start_pos, last_only)], head, stats=stats)[0]
     parts = []
     for i in range(0, len(tokens), UBATCH):
         chunk = tokens[i:i + UBATCH]
-        out = _forward(cfg, w, [Item(cache, chunk, start_pos + i, last_only)], head)[0]
+        out = _forward(cfg, w, [Item(cache, chunk, start_pos + i, last_only)], head, stats=stats)[0]
         if not last_only or i + UBATCH >= len(tokens):
             parts.append(out)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def forward_batch(cfg: ModelConfig, weights: Weights, items, head: Linear | None = None) -> list[np.ndarray]:
+def forward_batch(cfg: ModelConfig, weights: Weights, items, head: Linear | None = None,
+                  stats: list | None = None) -> list[np.ndarray]:
     """One forward pass over the new rows of several sequences of one model: items is a
     sequence of (cache, tokens, last_only), each cache its own KVCache, its tokens (M_i,) at
     positions cache.n_past..; returns each item's logits, (M_i, V) or (1, V) for last_only.
@@ -93,13 +97,14 @@ def forward_batch(cfg: ModelConfig, weights: Weights, items, head: Linear | None
     items = [(c, np.asarray(t), lo) for c, t, lo in items]
     leads = [forward(cfg, weights, c, t[:len(t) - UBATCH], c.n_past, lo, head) if len(t) > UBATCH else None
              for c, t, lo in items]
-    outs = _forward(cfg, weights, [Item(c, t[-UBATCH:], c.n_past, lo) for c, t, lo in items], head)
+    outs = _forward(cfg, weights, [Item(c, t[-UBATCH:], c.n_past, lo) for c, t, lo in items], head,
+                    stats=stats)
     return [o if lead is None or lo else np.concatenate([lead, o])
             for (_, _, lo), lead, o in zip(items, leads, outs)]
 
 
 def forward_tree(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray,
-                 parents: np.ndarray, head: Linear | None = None) -> np.ndarray:
+                 parents: np.ndarray, head: Linear | None = None, stats: list | None = None) -> np.ndarray:
     """A token tree after the cache's n_past rows, in one pass: tokens (T,), parents (T,)
     (-1: a root, else an earlier node) -> logits (T, V), row i those of i's root-to-i path
     evaluated alone after the context (bitwise: kernels/attention_tree.py).
@@ -108,7 +113,7 @@ def forward_tree(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarra
     left as it was (the tree rows are pending until KVCache.move puts a path in place)."""
     start = cache.n_past
     depth, anc = tree_mask(np.asarray(parents, np.int64))
-    out = _forward(cfg, w, [Item(cache, tokens, start, False)], head, tree=(depth, anc))[0]
+    out = _forward(cfg, w, [Item(cache, tokens, start, False)], head, tree=(depth, anc), stats=stats)[0]
     cache.n_past = start
     return out
 
@@ -151,7 +156,7 @@ def _plan(items: list[Item], tree) -> Plan:
 
 
 def _forward(cfg: ModelConfig, w: Weights, items: list[Item], head: Linear | None,
-             tree: tuple[np.ndarray, np.ndarray] | None = None) -> list[np.ndarray]:
+             tree: tuple[np.ndarray, np.ndarray] | None = None, stats: list | None = None) -> list[np.ndarray]:
     """The body of forward, forward_batch and forward_tree: embed, the layers, the head."""
     plan = _plan(items, tree)
     x = get_rows(w.tok_embd, w.tok_embd_type, np.concatenate(plan.toks), cfg.d_model)  # (M, D)
@@ -159,16 +164,17 @@ def _forward(cfg: ModelConfig, w: Weights, items: list[Item], head: Linear | Non
         x *= np.float32(cfg.embed_scale)
     rope_cs: dict[tuple, np.ndarray] = {}                       # (base, local) -> cos, sin
     for il, L in enumerate(w.layers):
-        _layer(cfg, w, il, L, x, items, plan, rope_cs)
+        _layer(cfg, w, il, L, x, items, plan, rope_cs, stats)
     for it, t in zip(items, plan.toks):
         it.cache.n_past = it.start + len(t)
     return _logits(cfg, w, x, items, plan, head)
 
 
 def _layer(cfg: ModelConfig, w: Weights, il: int, L: Layer, x: np.ndarray, items, plan: Plan,
-           rope_cs: dict) -> None:
+           rope_cs: dict, stats: list | None = None) -> None:
     """Layer il on the residual stream x (M, D), in place; each item's keys and values
-    stored in its cache, attention per item over its own cache."""
+    stored in its cache, attention per item over its own cache; stats (MoE): gets the
+    number of distinct experts the pass woke in this layer."""
     H, Hkv, Dh = cfg.n_head, cfg.n_head_kv, cfg.d_head
     M = x.shape[0]
     gemma = cfg.arch == "gemma3"
@@ -203,6 +209,9 @@ def _layer(cfg: ModelConfig, w: Weights, il: int, L: Layer, x: np.ndarray, items
         rms_norm(o, L.post_attn_norm, cfg.norm_eps, o)
     x += o
     rms_norm(x, L.ffn_norm, cfg.norm_eps, h)
+    if L.moe is not None:                            # router and experts (engine/moe.py)
+        x += L.moe(h, stats)                                                     # (M, D)
+        return
     gate, up = _gate_up(L, h)                                                    # (M, F) each
     (geglu if gemma else swiglu)(gate, up, gate)
     f = L.w_down(gate)                                                           # (M, D)
@@ -247,6 +256,7 @@ class ModelSession(Session):
         self.cfg, self.weights, self.source = cfg, weights, source
         self.cache = KVCache(cfg.n_layer, cfg.n_head_kv, n_ctx, cfg.d_head)
         self._tree: tuple[int, tuple[int, ...]] | None = None   # (start, parents) of eval_tree
+        self.last_experts: tuple[int, ...] = ()   # MoE: distinct experts per layer, last pass
         self.n_logits = cfg.n_vocab if n_logits is None else int(n_logits)
         if not 1 <= self.n_logits <= cfg.n_vocab:
             raise ConfigError(f"--draft-vocab must be in 1..{cfg.n_vocab}, got {n_logits}")
@@ -269,10 +279,20 @@ class ModelSession(Session):
         tokens = self._checked(tokens)
         self._tree = None
         start = self.cache.n_past
+        stats = self._stats()
         logits = self._trim(GOVERNOR.run(self._key, len(tokens), lambda: forward(
-            self.cfg, self.weights, self.cache, tokens, start, last_only, self._head)))
+            self.cfg, self.weights, self.cache, tokens, start, last_only, self._head, stats)))
+        self._keep(stats)
         _check_finite([self], [start], [logits])
         return logits
+
+    def _stats(self) -> list | None:
+        return [] if self.cfg.is_moe else None
+
+    def _keep(self, stats: list | None) -> None:
+        """last_experts: the last pass's distinct experts per layer (a long prompt's last chunk)."""
+        if stats:
+            self.last_experts = tuple(stats[-self.cfg.n_layer:])
 
     def _trim(self, logits: np.ndarray) -> np.ndarray:
         """(M, n_rows) -> (M, n_logits): the head's rows past n_logits (a record's tail)."""
@@ -289,8 +309,10 @@ class ModelSession(Session):
         if parents.shape != tokens.shape:
             raise ValueError(f"eval_tree: {len(parents)} parents for {len(tokens)} tokens")
         start = self.cache.n_past
+        stats = self._stats()
         logits = self._trim(GOVERNOR.run(self._key, len(tokens), lambda: forward_tree(
-            self.cfg, self.weights, self.cache, tokens, parents, self._head)))
+            self.cfg, self.weights, self.cache, tokens, parents, self._head, stats)))
+        self._keep(stats)
         self._tree = None
         _check_finite([self], [start], [logits])
         self._tree = (start, tuple(int(a) for a in parents))
@@ -347,8 +369,11 @@ def eval_batch(sessions, token_lists, last_only: bool | Sequence[bool] = False) 
         raise ValueError("eval_batch: the sessions must share one model's weights and n_logits")
     toks = [s._checked(t) for s, t in zip(sessions, token_lists)]
     starts = [s.n_past for s in sessions]
+    stats = s0._stats()
     out = GOVERNOR.run(s0._key, sum(map(len, toks)), lambda: forward_batch(
-        s0.cfg, s0.weights, [(s.cache, t, lo) for s, t, lo in zip(sessions, toks, last)], s0._head))
+        s0.cfg, s0.weights, [(s.cache, t, lo) for s, t, lo in zip(sessions, toks, last)], s0._head, stats))
+    for s in sessions:                  # the batch's pass: the experts all its rows woke
+        s._keep(stats)
     out = [s0._trim(lg) for lg in out]
     _check_finite(sessions, starts, out)
     return out

@@ -15,6 +15,7 @@ from ..kernels import GET_ROWS, SUPPORTED_TYPES, matmul, repack
 from .config import ModelConfig
 from ..errors import ConfigError, GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
+from .moe import MoE, load_moe
 from .prepared import Prepared
 from .requant import Requant, convert, narrows
 
@@ -47,14 +48,15 @@ class Layer:
     wv: Linear | None                # (D) -> (Hkv * Dh)
     wo: Linear                       # (H * Dh) -> (D)
     ffn_norm: np.ndarray             # (D,)
-    w_gate: Linear | None            # (D) -> (F)          (None: phi3's w_up holds it)
-    w_up: Linear                     # (D) -> (F), phi3: (D) -> (2F) = [gate | up]
-    w_down: Linear                   # (F) -> (D)
+    w_gate: Linear | None            # (D) -> (F)          (None: phi3's w_up holds it, or moe)
+    w_up: Linear | None              # (D) -> (F), phi3: (D) -> (2F) = [gate | up]  (None: moe)
+    w_down: Linear | None            # (F) -> (D)                                    (None: moe)
     q_norm: np.ndarray | None = None          # (Dh,)  gemma3, qwen3
     k_norm: np.ndarray | None = None          # (Dh,)  gemma3, qwen3
     post_attn_norm: np.ndarray | None = None  # (D,)   gemma3
     post_ffn_norm: np.ndarray | None = None   # (D,)   gemma3
     wqkv: Linear | None = None                # (D) -> ((H + 2 Hkv) * Dh): attn_qkv (phi3)
+    moe: MoE | None = None                    # router and experts in place of the dense FFN
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,9 @@ class Weights:
         layers = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
-            gemma, qk_norm = cfg.arch == "gemma3", cfg.arch in ("gemma3", "qwen3")
+            gemma, qk_norm = cfg.arch == "gemma3", cfg.arch in ("gemma3", "qwen3", "qwen3moe")
+            moe = load_moe(gf, cfg, p, lin, seen, float_act) if cfg.is_moe else None
+            dense = moe is None
             fused_qkv, fused_ffn = p + "attn_qkv.weight" in gf.tensors, cfg.arch == "phi3"
             biases = cfg.arch in ("llama", "mistral3")   # optional wo / ffn biases (llama.cpp's llama)
             qkv = ((None,) * 3 if fused_qkv else
@@ -130,15 +134,18 @@ class Weights:
                 wq=qkv[0], wk=qkv[1], wv=qkv[2],
                 wo=lin(p + "attn_output.weight", H * Dh, D, bias=biases, exact=float_act),
                 ffn_norm=vec(p + "ffn_norm.weight", D),
-                w_gate=None if fused_ffn else lin(p + "ffn_gate.weight", D, F, bias=biases, exact=float_act),
-                w_up=lin(p + "ffn_up.weight", D, 2 * F if fused_ffn else F, bias=biases, exact=float_act),
-                w_down=lin(p + "ffn_down.weight", F, D, bias=biases, exact=float_act),
+                w_gate=lin(p + "ffn_gate.weight", D, F, bias=biases, exact=float_act)
+                if dense and not fused_ffn else None,
+                w_up=lin(p + "ffn_up.weight", D, 2 * F if fused_ffn else F, bias=biases, exact=float_act)
+                if dense else None,
+                w_down=lin(p + "ffn_down.weight", F, D, bias=biases, exact=float_act) if dense else None,
                 q_norm=vec(p + "attn_q_norm.weight", Dh) if qk_norm else None,
                 k_norm=vec(p + "attn_k_norm.weight", Dh) if qk_norm else None,
                 post_attn_norm=vec(p + "post_attention_norm.weight", D) if gemma else None,
                 post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if gemma else None,
                 wqkv=lin(p + "attn_qkv.weight", D, (H + 2 * Hkv) * Dh, bias=True, exact=float_act)
                 if fused_qkv else None,
+                moe=moe,
             ))
         emb = lin("token_embd.weight", D, V, table=True)             # also read by row lookup
         if "output.weight" in gf.tensors:

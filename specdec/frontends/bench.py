@@ -155,9 +155,12 @@ def write_json(path: Path, obj) -> None:
 
 def weight_bytes_per_token(model) -> int:
     """Bytes of weights a decode step reads: every tensor but the embedding table, which is
-    read one row per token — unless the output head is tied to it (then it is read whole)."""
+    read one row per token — unless the output head is tied to it (then it is read whole);
+    of an MoE model's expert tensors, the k of E experts a token wakes."""
     gf = model.gguf
-    total = sum(t.n_bytes for t in gf.tensors.values())
+    cfg = model.config
+    share = cfg.n_expert_used / cfg.n_expert if cfg.n_expert else 1.0
+    total = sum(int(t.n_bytes * share) if "_exps." in n else t.n_bytes for n, t in gf.tensors.items())
     tied = "output.weight" not in gf.tensors
     return total if tied else total - gf.tensors["token_embd.weight"].n_bytes
 

@@ -35,6 +35,14 @@ E(n) = 1 + sum_{j<=n} prod_{i<=j} alpha_i, each alpha_i counted (with decay) fro
 outcomes at position i and shrunk towards the pooled alpha where positions were rarely
 reached; with equal alpha_i this is the formula above.
 
+A mixture-of-experts target (StepFeedback.routing = (E, k)) wakes k experts per row per
+layer, and a verification row costs what its *new* experts cost to read: rows that share
+experts share their bytes.  There v(n) = a + b * x(n) with x(n) = (D(n + 1) - k) / k, D(M) the
+distinct experts a pass of M rows wakes per layer (the trace's count: an average per M over the
+steps seen, else the uniform-routing prior E (1 - (1 - k/E)^M)), in units of one row's k
+experts; b's prior is expert_growth_prior * a (docs/speculative.md, "Speculation over
+experts").
+
 Acceptance and draft cost are kept per key: the drafter's `key(context)` when it has one
 (prompt lookup names the length of the n-gram it matched: long matches copy long runs), else
 its Draft.source.  The loop tells the policy the key of the coming step with `prepare(key)`
@@ -62,6 +70,8 @@ class StepFeedback:
     draft_s: float          # drafter time (propose + accept)
     verify_s: float         # target pass over n_drafted + 1 rows, p, acceptance rule, rollback
     key: str | None = None  # the drafter's key(context) for the step, when it has one
+    experts: float | None = None            # MoE target: distinct experts the pass woke, per layer (mean)
+    routing: tuple[int, int] | None = None  # MoE target: (E experts, k per row)
 
 
 class DraftPolicy:
@@ -126,9 +136,10 @@ def best_n(alpha: float, draft_s: float, verify_a: float, verify_b: float,
 
 
 def best_n_by_position(alphas: list[float], draft_s: float, verify_a: float, verify_b: float,
-                       n_min: int, n_max: int) -> int:
+                       n_min: int, n_max: int, xs: list[float] | None = None) -> int:
     """As best_n with an acceptance rate per position: alphas[i-1] = P(accept i | i reached),
-    E(n) = 1 + sum_{j<=n} prod_{i<=j} alphas[i-1]."""
+    E(n) = 1 + sum_{j<=n} prod_{i<=j} alphas[i-1]; xs[n]: the verify cost's regressor for n
+    drafted tokens (v = verify_a + verify_b * xs[n]; default n)."""
     best, best_rate = n_min, -1.0
     e, survive = 1.0, 1.0
     for n in range(0, n_max + 1):
@@ -137,7 +148,8 @@ def best_n_by_position(alphas: list[float], draft_s: float, verify_a: float, ver
             e += survive
         if n < n_min:
             continue
-        rate = e / max(n * draft_s + verify_a + verify_b * n, 1e-12)
+        x = n if xs is None else xs[n]
+        rate = e / max(n * draft_s + verify_a + verify_b * x, 1e-12)
         if rate > best_rate * (1 + 1e-12):
             best, best_rate = n, rate
     return best
@@ -184,12 +196,15 @@ class AdaptiveLength(DraftPolicy):
     gives this host's); n_init: n before any cost is known; stop_after: once a key has this
     many verified positions, n = 0 (no draft: a plain step) is allowed for it when no n
     pays, and then stays for that key (None: never below n_min); p_min: a model drafter's
-    confidence floor inside each draft, as Threshold's (0: none)."""
+    confidence floor inside each draft, as Threshold's (0: none); expert_growth_prior: an MoE
+    target's assumed cost of k newly woken experts per layer (fraction of a one-row pass;
+    docs/speculative.md, "Speculation over experts", measured it)."""
 
     def __init__(self, n_max: int = DRAFT_N_MAX, n_min: int = 1, n_init: int = 4,
                  alpha_prior: float = 0.6, alpha_decay: float = 0.05, cost_decay: float = 0.1,
                  growth_prior: float = 0.05, prior_weight: float = 0.5,
-                 stop_after: int | None = None, p_min: float = 0.0):
+                 stop_after: int | None = None, p_min: float = 0.0,
+                 expert_growth_prior: float = 0.95):
         check_draft_n(n_max)
         check_draft_p(p_min)
         if not 0 <= n_min <= n_max:
@@ -205,6 +220,7 @@ class AdaptiveLength(DraftPolicy):
         self.n_init = min(max(int(n_init), self.n_min), self.n_max)
         self.alpha_prior, self.alpha_decay, self.cost_decay = alpha_prior, alpha_decay, cost_decay
         self.growth_prior, self.prior_weight = float(growth_prior), float(prior_weight)
+        self.expert_growth_prior = float(expert_growth_prior)
         self.reset()
 
     def reset(self) -> None:
@@ -213,6 +229,25 @@ class AdaptiveLength(DraftPolicy):
         self._last_key: str | None = None
         self._next_key: str | None = None
         self.history: list[int] = []                       # n returned by each next_n
+        self._routing: tuple[int, int] | None = None       # MoE target: (E, k)
+        self._woken: dict[int, float] = {}                 # MoE: rows M -> mean distinct experts
+
+    def woken(self, m: int) -> float:
+        """Distinct experts per layer a pass of m rows wakes: the average seen, else the
+        uniform-routing prior E (1 - (1 - k/E)^m) (MoE targets only)."""
+        E, k = self._routing
+        return self._woken.get(m, E * (1.0 - (1.0 - k / E) ** m))
+
+    def _x(self, n: int, woken: float | None = None) -> float:
+        """The verify cost's regressor for n drafted tokens: n, or for an MoE target the new
+        experts beyond one row's, in units of k."""
+        if self._routing is None:
+            return float(n)
+        k = self._routing[1]
+        return ((self.woken(n + 1) if woken is None else woken) - k) / k
+
+    def _prior(self) -> float:
+        return self.growth_prior if self._routing is None else self.expert_growth_prior
 
     def prepare(self, key: str | None) -> None:
         """The coming step's drafter key (see the module docstring; None: as the last step's)."""
@@ -228,19 +263,20 @@ class AdaptiveLength(DraftPolicy):
         e = self._est.get(key) if key is not None else None
         if e is None or e.draft_s is None:
             return self.n_init
-        line = self._verify.verify_line(self.growth_prior, self.prior_weight)
+        line = self._verify.verify_line(self._prior(), self.prior_weight)
         if line is None:
             return self.n_init
         k = 2.0                                            # pseudo-counts of the pooled alpha
         alphas = [(e.accepted[i] + k * e.alpha) / (e.reached[i] + k) for i in range(self.n_max)]
         n_min = 0 if self.stop_after is not None and e.n_verified >= self.stop_after else self.n_min
-        return best_n_by_position(alphas, e.draft_s, line[0], line[1], n_min, self.n_max)
+        xs = [self._x(n) for n in range(self.n_max + 1)]
+        return best_n_by_position(alphas, e.draft_s, line[0], line[1], n_min, self.n_max, xs)
 
     def _any_line(self) -> tuple[float, float] | None:
         """The verify line of the key with the most steps (verification cost is the target's,
         whoever drafted)."""
         es = sorted(self._est.values(), key=lambda e: -e.n_steps)
-        return next((ln for e in es if (ln := e.verify_line(self.growth_prior, self.prior_weight))), None)
+        return next((ln for e in es if (ln := e.verify_line(self._prior(), self.prior_weight))), None)
 
     def observe(self, fb: StepFeedback) -> None:
         key = fb.key if fb.key is not None else fb.source
@@ -264,7 +300,13 @@ class AdaptiveLength(DraftPolicy):
             e.draft_s = per if e.draft_s is None else e.draft_s + mu * (per - e.draft_s)
         elif e.draft_s is None and fb.n_asked > 0:
             e.draft_s = fb.draft_s                         # asked, proposed nothing: a cost still
-        keep, x, y, v = 1.0 - mu, float(fb.n_drafted), float(fb.verify_s), self._verify
+        if fb.routing is not None and fb.experts is not None:
+            self._routing = (int(fb.routing[0]), int(fb.routing[1]))
+            m = fb.n_drafted + 1
+            seen = self._woken.get(m)
+            self._woken[m] = fb.experts if seen is None else seen + mu * (fb.experts - seen)
+        keep, y, v = 1.0 - mu, float(fb.verify_s), self._verify
+        x = self._x(fb.n_drafted, fb.experts if self._routing is not None else None)
         v.w, v.sx, v.sy = keep * v.w + 1.0, keep * v.sx + x, keep * v.sy + y
         v.sxx, v.sxy = keep * v.sxx + x * x, keep * v.sxy + x * y
 
@@ -273,12 +315,13 @@ class AdaptiveLength(DraftPolicy):
         b / a (verify cost per extra row, the same line for all), a (seconds), and the
         counts behind them."""
         out = {}
-        line = self._verify.verify_line(self.growth_prior, self.prior_weight)
+        line = self._verify.verify_line(self._prior(), self.prior_weight)
         for src, e in self._est.items():
             a, b = line if line else (math.nan, math.nan)
             out[src] = {"alpha": e.alpha, "verify_a_s": a,
                         "c": (e.draft_s / a) if (e.draft_s is not None and line) else None,
                         "growth": b / a if line else None,
+                        "growth_per": "row" if self._routing is None else "k new experts",
                         "n_steps": e.n_steps, "n_verified": e.n_verified}
         return out
 

@@ -125,6 +125,7 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
                 settle(constraint, draft.tokens, pushed, res.n_accepted, res.next_token)
             timer.lap("verify")
             drafted, q_rows, p_rows, branch, n_drafted, source = draft.tokens, draft.q, p, (0, 1), n, draft.source
+        woken = tuple(getattr(target, "last_experts", ()))  # MoE: the verify pass's experts
         drafter.accept(res.n_accepted, res.next_token)
         timer.lap("draft")
         emitted: list[int] = []
@@ -141,12 +142,13 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
                            verify_s=timer.spent["verify"], source=source, n_max=n_max,
                            asked=asked))
         policy.observe(StepFeedback(source, n_max, n_drafted, len(res.records), res.n_accepted,
-                                    steps[-1].draft_s, steps[-1].verify_s, key))
+                                    steps[-1].draft_s, steps[-1].verify_s, key,
+                                    float(np.mean(woken)) if woken else None, _routing(target)))
         if trace is not None:
             trace.write(step_record(len(steps) - 1, len(ctx), drafted, q_rows, p_rows, res,
                                     emitted, stop == "eog", steps[-1].draft_s, steps[-1].verify_s,
                                     branch=branch[0], n_branches=branch[1], n_nodes=n_drafted,
-                                    source=source))
+                                    source=source, experts=woken))
         ids += emitted
         ctx += emitted
         if constraint is not None and constraint.done and stop == "n_predict":
@@ -155,6 +157,12 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
     timings = make_timings(t1 - t0, t2 - t1, len(ids))
     stats = spec_stats(steps, policy.n_max, len(ids), timings.tokens_per_s)
     return GenerationResult(ids, len(prompt_ids), timings, stop, stats)
+
+
+def _routing(target: Session) -> tuple[int, int] | None:
+    """(E, k) of an MoE target session, None for a dense one."""
+    cfg = getattr(target, "cfg", None)
+    return (cfg.n_expert, cfg.n_expert_used) if getattr(cfg, "is_moe", False) else None
 
 
 def check_tree_k(k: int) -> None:

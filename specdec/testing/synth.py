@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as T
 
 @dataclass(frozen=True)
 class TinySpec:
-    arch: str = "llama"          # llama | qwen2 | qwen3 | phi3 | smollm3 | gemma3
+    arch: str = "llama"          # llama | qwen2 | qwen3 | phi3 | smollm3 | gemma3 | qwen3moe
     n_vocab: int = 48
     d_model: int = 64
     n_layer: int = 2
@@ -36,6 +36,13 @@ class TinySpec:
     rope_scale_linear: float = 0.0     # rope.scaling.type linear with this factor (0: none)
     extra_metadata: tuple = ()         # (key, value) pairs written as they are (int, float or str)
     extra_tensors: tuple = ()          # names of extra float32 vectors of d_model values
+    n_expert: int = 0                  # llama / qwen3moe: experts per layer in place of the FFN
+    n_expert_used: int = 2             # ... of which each token uses this many
+    d_ff_exp: int = 0                  # qwen3moe: expert_feed_forward_length (0: d_ff)
+    expert_qtype: int = -1             # the experts' type (-1: qtype); the router is F32
+    d_head: int = 0                    # attention.key_length / value_length (0: d_model / n_head, unwritten)
+    centered: bool = False             # Q4_K / Q5_K codes of zero-mean values (each group's min = its
+                                       # scale x the codes' mean): no direction shared by every row
 
 
 def _tokens(n_vocab: int) -> list[str]:
@@ -71,16 +78,25 @@ def tokenizer_metadata(spec: TinySpec = TinySpec()) -> dict:
 _KQUANT_SCALES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 
 
-def _random_kquant(rng, n_out: int, n_in: int, qt: T, std: float) -> np.ndarray:
-    """Random K-quant rows (n_out, row_bytes) whose dequantized values have about `std`."""
+def _random_kquant(rng, n_out: int, n_in: int, qt: T, std: float, centered: bool = False) -> np.ndarray:
+    """Random K-quant rows (n_out, row_bytes) whose dequantized values have about `std`;
+    centered (Q4_K, Q5_K): each group's min equals its scale (get_scale_min_k4: bytes 4-7
+    copy 0-3, bytes 8-11 two equal nibbles) and dmin = d x the codes' mean, so that a value
+    d sc (q - mean) averages zero."""
     block, size = gguf.GGML_QUANT_SIZES[qt]
     raw = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)   # (blocks, size)
     offsets = _KQUANT_SCALES[qt]
+    centered = centered and qt in (T.Q4_K, T.Q5_K)
+    if centered:
+        raw[:, 8:12] = raw[:, 4:8]                                    # (scale bytes start at 4)
+        raw[:, 12:16] = (raw[:, 12:16] & 15) * 17
     val = 1e-3                                  # try 1e-3, then rescale to the std wanted
     for _ in range(2):
         for off in offsets:
-            raw[:, off:off + 2] = np.frombuffer(np.float16(val).tobytes(), np.uint8)
-        got = gguf.quants.dequantize(raw.reshape(n_out, -1), qt).std()
+            v = val * (7.5 if qt == T.Q4_K else 15.5) if centered and off == 2 else val
+            raw[:, off:off + 2] = np.frombuffer(np.float16(v).tobytes(), np.uint8)
+        rows = raw.reshape(n_out, -1)
+        got = gguf.quants.dequantize(rows[:4096], qt).std()      # (a sample of a large tensor)
         val = np.float16(1e-3 * std / got)
     return raw.reshape(n_out, -1)
 
@@ -104,7 +120,7 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     rng = np.random.default_rng(spec.seed)
     path = Path(path)
     D, H, Hkv, F, V = spec.d_model, spec.n_head, spec.n_head_kv, spec.d_ff, spec.n_vocab
-    Dh = D // H
+    Dh = spec.d_head or D // H
     w = gguf.GGUFWriter(str(path), spec.arch)
     a = spec.arch
     w.add_block_count(spec.n_layer)
@@ -115,6 +131,16 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     w.add_head_count_kv(Hkv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
+    moe = spec.n_expert > 0 or a == "qwen3moe"
+    F_exp = spec.d_ff_exp or F
+    if moe:
+        w.add_expert_count(spec.n_expert)
+        w.add_expert_used_count(spec.n_expert_used)
+        if a == "qwen3moe":
+            w.add_expert_feed_forward_length(F_exp)
+    if spec.d_head and a != "gemma3":
+        w.add_key_length(Dh)
+        w.add_value_length(Dh)
     if a == "gemma3":
         w.add_key_length(Dh)
         w.add_value_length(Dh)
@@ -131,15 +157,21 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     if spec.chat_template is not None:
         w.add_chat_template(spec.chat_template)
 
-    def mat(name, n_out, n_in, std):
-        x = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)   # (N, K)
-        qt = T(spec.qtype)
+    def mat(name, n_out, n_in, std, qtype=None, n_stack=0):
+        """(N, K) weights of qtype (spec.qtype), or n_stack of them as one (E, N, K) tensor."""
+        lead = (n_stack,) if n_stack else ()
+        qt = T(spec.qtype if qtype is None else qtype)
+        if n_stack and qt in _KQUANT_SCALES:          # random codes: no values to draw
+            raw = _random_kquant(rng, n_stack * n_out, n_in, qt, std, spec.centered).reshape(n_stack, n_out, -1)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
+            return
+        x = (rng.standard_normal((*lead, n_out, n_in)) * std).astype(np.float32)   # ([E,] N, K)
         if qt == T.F32:
             w.add_tensor(name, x)
         elif qt == T.F16:
             w.add_tensor(name, x.astype(np.float16))
         elif qt in _KQUANT_SCALES:
-            raw = _random_kquant(rng, n_out, n_in, qt, std)
+            raw = _random_kquant(rng, n_out, n_in, qt, std, spec.centered)
             w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
         else:
             raw = gguf.quants.quantize(x, qt)
@@ -166,13 +198,20 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
                 vec(p + f"attn_{n}.bias", size, around=0.0, std=0.1)
         mat(p + "attn_output.weight", D, H * Dh, 1 / np.sqrt(H * Dh))
         vec(p + "ffn_norm.weight", D)
-        if a == "phi3":
+        if moe:                                       # router (F32 as in real files) and experts
+            E, qe = spec.n_expert, spec.qtype if spec.expert_qtype < 0 else spec.expert_qtype
+            mat(p + "ffn_gate_inp.weight", E, D, 1 / np.sqrt(D), qtype=T.F32)
+            mat(p + "ffn_gate_exps.weight", F_exp, D, 1 / np.sqrt(D), qtype=qe, n_stack=E)
+            mat(p + "ffn_up_exps.weight", F_exp, D, 1 / np.sqrt(D), qtype=qe, n_stack=E)
+            mat(p + "ffn_down_exps.weight", D, F_exp, 1 / np.sqrt(F_exp), qtype=qe, n_stack=E)
+        elif a == "phi3":
             mat(p + "ffn_up.weight", 2 * F, D, 1 / np.sqrt(D))
         else:
             mat(p + "ffn_gate.weight", F, D, 1 / np.sqrt(D))
             mat(p + "ffn_up.weight", F, D, 1 / np.sqrt(D))
-        mat(p + "ffn_down.weight", D, F, 1 / np.sqrt(F))
-        if a == "qwen3":
+        if not moe:
+            mat(p + "ffn_down.weight", D, F, 1 / np.sqrt(F))
+        if a in ("qwen3", "qwen3moe"):
             vec(p + "attn_q_norm.weight", Dh)
             vec(p + "attn_k_norm.weight", Dh)
         if a == "gemma3":

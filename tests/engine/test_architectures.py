@@ -8,7 +8,9 @@ random-weight files written by specdec.testing.synth:
       qwen3, phi3), none on smollm3's layers il with (il + 1) % 4 == 0;
       causal softmax(q·k / sqrt(head size))·v;  x += attn·Wo;
       h' = rms(x)·ffn_norm;  x += (silu(g) * u)·Wd with g, u = h'·Wg, h'·Wu (phi3: one ffn_up
-      whose first half is g, ggml_swiglu);
+      whose first half is g, ggml_swiglu); with experts (qwen3moe, llama/Mixtral; llama.cpp's
+      build_moe_ffn, softmax gating) p = softmax(h'·Wrouter), the top k, their p renormalised
+      to sum 1, x += sum_j p_j (silu(g_j) * u_j)·Wd_j over the k experts (test_moe.py);
     logits = rms(x)·output_norm · outputᵀ (token_embd when tied).
 Each rule is also shown to matter: the reference with it broken is far from ours.
 """
@@ -34,7 +36,8 @@ TOKENS = [3, 17, 4, 40, 22, 9, 9, 31, 0, 45, 12, 7, 30, 2]
 NEW = ("qwen3", "phi3", "smollm3")
 
 
-def reference_forward(gf, cfg, tokens, *, rope_every_layer=False, swap_ffn=False, qk_norm=True):
+def reference_forward(gf, cfg, tokens, *, rope_every_layer=False, swap_ffn=False, qk_norm=True,
+                      moe_norm=None, moe_k=None, softmax_after_topk=False):
     """float64 llama.cpp graph of cfg.arch (module docstring). -> (M, V)"""
     def t(name):                                                  # float64, dequantized
         raw, qt = gf.tensor(name), gf.tensors[name].ggml_type
@@ -75,6 +78,10 @@ def reference_forward(gf, cfg, tokens, *, rope_every_layer=False, swap_ffn=False
             att[:, hh] = (e / e.sum(-1, keepdims=True)) @ v[:, kv]
         x = x + lin(att.reshape(M, H * Dh), b + "attn_output")
         h = rms(x, t(b + "ffn_norm.weight"))
+        if has(b + "ffn_gate_inp.weight"):
+            norm = cfg.expert_norm if moe_norm is None else moe_norm
+            x = x + _moe(t, b, cfg, h, moe_k or cfg.n_expert_used, norm, softmax_after_topk)
+            continue
         if has(b + "ffn_gate.weight"):
             g, u = lin(h, b + "ffn_gate"), lin(h, b + "ffn_up")
         else:
@@ -84,6 +91,29 @@ def reference_forward(gf, cfg, tokens, *, rope_every_layer=False, swap_ffn=False
         x = x + lin(reference.swiglu(g, u), b + "ffn_down")
     out = t("output.weight") if has("output.weight") else t("token_embd.weight")
     return rms(x, t("output_norm.weight")) @ out.T
+
+
+def _moe(t, b, cfg, h, k, norm, softmax_after_topk):
+    """float64 build_moe_ffn (softmax gating) of layer b on h (M, D) -> (M, D)."""
+    E = cfg.n_expert
+    stack = {n: t(b + f"ffn_{n}_exps.weight").reshape(E, -1, t(b + f"ffn_{n}_exps.weight").shape[-1])
+             for n in ("gate", "up", "down")}                     # (E, N, K) each
+    logits = h @ t(b + "ffn_gate_inp.weight").T                   # (M, E)
+    out = np.zeros_like(h)
+    for m in range(len(h)):
+        if softmax_after_topk:                                    # top-k logits, then softmax
+            sel = np.argsort(-logits[m], kind="stable")[:k]
+            w = np.exp(logits[m, sel] - logits[m, sel].max())
+            w = w / w.sum()
+        else:
+            p = np.exp(logits[m] - logits[m].max())
+            p = p / p.sum()
+            sel = np.argsort(-p, kind="stable")[:k]
+            w = p[sel] / p[sel].sum() if norm else p[sel]
+        for e, we in zip(sel, w):
+            g, u = stack["gate"][e] @ h[m], stack["up"][e] @ h[m]
+            out[m] += we * (stack["down"][e] @ (g / (1 + np.exp(-g)) * u))
+    return out * (cfg.expert_scale if cfg.expert_scale != 1.0 else 1.0)
 
 
 def _close(a, b) -> bool:

@@ -31,6 +31,10 @@ CASES = [
      "float", True),
     (TinySpec(arch="gemma3", qtype=int(T.Q5_0), seed=5, sliding_window=3, n_layer=6), "auto", True),
     (TinySpec(arch="gemma3", qtype=int(T.Q8_0), seed=7, sliding_window=8, n_layer=6, tied=True), "q8", True),
+    # mixture of experts: each pass groups its rows by expert (kernels/experts.py)
+    (TinySpec(arch="qwen3moe", qtype=int(T.Q8_0), n_expert=8, n_expert_used=3, d_ff_exp=64, seed=8), "q8", True),
+    (TinySpec(arch="llama", qtype=int(T.Q4_K), d_model=256, d_ff=256, n_expert=4, n_expert_used=2, seed=9),
+     "q8", False),
 ]
 
 def case_id(case) -> str:
