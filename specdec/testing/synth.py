@@ -40,7 +40,7 @@ class TinySpec:
     n_expert_used: int = 2             # ... of which each token uses this many
     d_ff_exp: int = 0                  # qwen3moe: expert_feed_forward_length (0: d_ff)
     expert_qtype: int = -1             # the experts' type (-1: qtype); the router is F32
-    d_head: int = 0                    # attention.key_length / value_length (0: d_model / n_head, unwritten)
+    d_head: int = 0                    # key_length / value_length (0: d_model / n_head, not written)
     centered: bool = False             # Q4_K / Q5_K codes of zero-mean values (each group's min = its
                                        # scale x the codes' mean): no direction shared by every row
 

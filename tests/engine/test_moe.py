@@ -123,14 +123,15 @@ def test_trace_and_policy_count_experts(tiny_model, tmp_path):
     """Each trace record holds the distinct experts per layer its verification pass woke,
     and the adaptive policy's cost regressor is the new experts of a pass, not its rows."""
     from specdec.speculation.policies import AdaptiveLength, StepFeedback
-    from specdec.speculation.trace import JsonlTrace, read_trace
+    from specdec.frontends.report import load_trace
+    from specdec.speculation.trace import JsonlTrace
     m = tiny_model(SPECS["qwen3moe"])
     draft = tiny_model(dataclasses.replace(SPECS["qwen3moe"], seed=9))
     path = tmp_path / "t.jsonl"
     with JsonlTrace(path) as sink:
         m.generate(TOKENS, n_predict=12, temperature=0.0, ignore_eos=True, draft=draft, draft_n=4,
                    trace=sink)
-    recs = read_trace(path)
+    recs = load_trace(path)
     k, E = m.config.n_expert_used, m.config.n_expert
     assert recs and all(len(r.experts) == m.config.n_layer for r in recs)
     for r in recs:
