@@ -24,6 +24,8 @@ against the target alone's wall time at the same level.  llama.cpp: llama-bench 
 
     python benchmarks/contention.py --out benchmarks/results/intel
     python benchmarks/contention.py --configs default omp --busy 0 1 --n-predict 16 --out /tmp/x   # smoke
+    python benchmarks/contention.py --idle qwen2.5-coder-0.5b-instruct smollm2-135m-instruct-q4_1 \
+        --configs default omp --rounds 3 --out benchmarks/results/intel     # idle only, per model
 """
 from __future__ import annotations
 
@@ -99,6 +101,42 @@ def worker(levels: list[int], n_predict: int, speculative: bool) -> None:
         print(json.dumps(row), flush=True)
 
 
+def idle_worker(models: list[str], n_predict: int) -> None:
+    """Idle decode of each model on this runtime: one-row passes after a 32-token prompt,
+    the best of 3 runs of n_predict steps; a JSON line per model."""
+    import specdec
+    for mid in models:
+        m = specdec.load(mid, n_ctx=256)
+        s = m.session(256)
+        s.eval(list(range(100, 132)), last_only=True)
+        for t in range(8):                          # kernels compiled, pages touched
+            s.eval([200 + t])
+        best = 0.0
+        for _ in range(3):
+            s.truncate(40)
+            t = time.perf_counter()
+            for i in range(n_predict):
+                s.eval([300 + i])
+            best = max(best, n_predict / (time.perf_counter() - t))
+        print(json.dumps({"model": mid, "decode_tok_s": round(best, 2)}), flush=True)
+
+
+def idle(configs: list[str], models: list[str], rounds: int, n_predict: int) -> dict:
+    """--idle: each runtime's idle decode of each model, runtimes alternated `rounds` times."""
+    runs: dict = {name: {m: [] for m in models} for name in configs}
+    for _ in range(rounds):
+        for name in configs:
+            cmd = [sys.executable, __file__, "--idle-worker", "--idle", *models, "--n-predict", str(n_predict)]
+            r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **CONFIGS[name][0]},
+                               timeout=1800, cwd=Path(__file__).parent)
+            for line in r.stdout.splitlines():
+                if line.startswith("{"):
+                    rec = json.loads(line)
+                    runs[name][rec["model"]].append(rec["decode_tok_s"])
+    return {name: {m: {"best_tok_s": max(v, default=0.0), "rounds_tok_s": v} for m, v in by.items()}
+            for name, by in runs.items()}
+
+
 def run_config(name: str, levels: list[int], n_predict: int) -> list[dict]:
     env, speculative = CONFIGS[name]
     cmd = [sys.executable, __file__, "--worker", "--busy", *map(str, levels), "--n-predict", str(n_predict)]
@@ -170,11 +208,22 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=1, help="run every config R times, alternating; "
                     "each level keeps its fastest round")
     ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--idle", nargs="+", metavar="MODEL", help="instead: idle decode of these models on "
+                    "each --configs runtime, alternated --rounds times (contention_idle.json)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--idle-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--speculative", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
         return worker(a.busy, a.n_predict, a.speculative)
+    if a.idle_worker:
+        return idle_worker(a.idle, a.n_predict)
+    if a.idle:
+        res = {"machine": machine_info(), "rounds": a.rounds, "n_predict": a.n_predict,
+               "idle": idle(a.configs, a.idle, a.rounds, a.n_predict)}
+        for name, by in res["idle"].items():
+            print(f"{name:14s} " + "  ".join(f"{m}: {v['best_tok_s']:.1f} {v['rounds_tok_s']}" for m, v in by.items()))
+        return write_json(Path(a.out) / "contention_idle.json", res)
     result = {"machine": machine_info(), "busy": a.busy, "n_predict": a.n_predict, "rounds": a.rounds,
               "specdec": {}}
     rounds: dict[str, list[list[dict]]] = {name: [] for name in a.configs}
