@@ -436,8 +436,10 @@ def _runtime() -> str:
     from ..kernels import threads
     layer = threads.describe()
     note = f" ({layer['threading_note']})" if "threading_note" in layer else ""
-    return (f"threading layer {layer['threading_asked']}{note}, {describe()['threads_mode']} threads "
-            f"of {numba.config.NUMBA_NUM_THREADS} (-t N fixes them; SPECDEC_THREADING picks the layer)")
+    mode = describe()["threads_mode"]                   # 'all threads' | 'adaptive' | 'fixed N'
+    count = {"all threads": "every pass on all", "adaptive": "chosen per pass, up to"}.get(mode, mode + " of")
+    return (f"threading layer {layer['threading_asked']}{note}; threads: {count} "
+            f"{numba.config.NUMBA_NUM_THREADS} (-t N fixes them; SPECDEC_THREADING picks the layer)")
 
 
 def _prod(dims) -> int:
