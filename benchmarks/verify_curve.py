@@ -21,10 +21,15 @@
 6. Every kernel path the host has (--paths; default: the host's and, on an AMX host, vnni
    too): each path runs in a process of its own (SPECDEC_KERNELS) and the JSON holds a
    section per path, so a plot shows the curve with and without AMX from one run.
+7. --baseline TREE: another checkout (e.g. the previous release) measured in the same run,
+   in processes alternated with this tree's --rounds times; the fastest of each is kept
+   ("best", "baseline" per model), so a kernel change is judged against the code it replaces
+   on the same host in the same minutes.
 
 Writes verify_curve.json and verify_curve.png into --out.
 
     python benchmarks/verify_curve.py [--models id ...] [--pp 512 2048] [--out bench-results]
+                                      [--baseline ../specdec-main --rounds 3]
 """
 from __future__ import annotations
 
@@ -257,14 +262,45 @@ def llamacpp_section(path: str, a) -> dict | None:
     return out
 
 
-def _child(path: str, a) -> list[dict]:
-    """measure() of every model in a process of its own on kernel path `path`."""
-    cmd = [sys.executable, __file__, "--single", "--models", *a.models, "--repeats", str(a.repeats),
+def _child(path: str, a, tree: Path | None = None) -> list[dict]:
+    """measure() of every model in a process of its own on kernel path `path`; tree: another
+    checkout's script and python (its .venv when it has one), for a same-run baseline."""
+    script, python = Path(__file__), sys.executable
+    if tree is not None:
+        script = tree / "benchmarks" / "verify_curve.py"
+        venv = tree / ".venv" / "bin" / "python"
+        python = str(venv) if venv.exists() else sys.executable
+    cmd = [python, str(script), "--single", "--models", *a.models, "--repeats", str(a.repeats),
            "--pp", *map(str, a.pp)] + (["--no-mmap"] if a.no_mmap else []) + \
-          (["--no-profile"] if a.no_profile else [])
+          (["--no-profile"] if a.no_profile or tree is not None else [])
     env = dict(os.environ, SPECDEC_KERNELS=path)
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
+                          cwd=script.parent.parent)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _best(runs: list[dict]) -> dict:
+    """One model's runs -> the fastest forward per M and pp over them (the host is shared)."""
+    fwd = {k: min(r["curve"]["forward_ms"][k] for r in runs) for k in runs[0]["curve"]["forward_ms"]}
+    pp = {k: max(r["pp_tok_s"][k] for r in runs) for k in runs[0]["pp_tok_s"]}
+    return {"curve": {"forward_ms": fwd, "relative": {k: round(v / fwd["1"], 3) for k, v in fwd.items()}},
+            "pp_tok_s": pp, "runs": len(runs)}
+
+
+def baseline_runs(a, path: str, first: list[dict]) -> tuple[list[dict], list[dict]]:
+    """This tree's and a.baseline's measures, alternated a.rounds times in fresh processes
+    (this tree's first round is `first`) -> per model, the best of each."""
+    tree = Path(a.baseline).resolve()
+    ours, theirs = [first], []
+    for i in range(a.rounds):
+        theirs.append(_child(path, a, tree))
+        if i + 1 < a.rounds:
+            ours.append(_child(path, a))
+    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    best = [_best([r[i] for r in ours]) for i in range(len(a.models))]
+    base = [dict(_best([r[i] for r in theirs]), tree=str(tree), commit=commit) for i in range(len(a.models))]
+    return best, base
 
 
 def main(argv=None) -> None:
@@ -278,6 +314,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--no-mmap", action="store_true", help="read the model files into memory (both engines)")
     ap.add_argument("--no-profile", action="store_true", help="skip the decode-step and prompt-pass profiles")
+    ap.add_argument("--baseline", default=None, metavar="TREE",
+                    help="another checkout of specdec measured in the same run, alternated with this one")
+    ap.add_argument("--rounds", type=int, default=3, help="--baseline: alternations (the fastest is kept)")
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.single:                                          # a child: one path, JSON on stdout
@@ -290,9 +329,14 @@ def main(argv=None) -> None:
     runs = {cpu.path(): [measure(mid, a) for mid in a.models]}
     for p in paths:
         runs[p] = _child(p, a)
+    best = base = None
+    if a.baseline:
+        best, base = baseline_runs(a, cpu.path(), runs[cpu.path()])
     for i in range(len(a.models)):
         r = dict(runs[cpu.path()][i])
         r["paths"] = {p: {k: runs[p][i][k] for k in ("curve", "peak_fraction", "pp_tok_s")} for p in runs}
+        if base is not None:
+            r["best"], r["baseline"] = best[i], base[i]
         lc = llamacpp_section(r["file"], a)
         if lc is not None:
             r["llamacpp_curve"] = lc
@@ -309,6 +353,12 @@ def _print(r: dict) -> None:
         print("  ms: " + "  ".join(f"M={k}:{v:.1f}" for k, v in sec["curve"]["forward_ms"].items()))
         print("  peak: " + "  ".join(f"M={k}:{v:.1%}" for k, v in sec["peak_fraction"].items() if v is not None))
         print("  pp tok/s: " + "  ".join(f"{k}:{v:.1f}" for k, v in sec["pp_tok_s"].items()))
+    for name in ("best", "baseline"):
+        if name in r:
+            sec = r[name]
+            print(f"  {name} of {sec['runs']} ({sec.get('commit', 'this tree')}) ms: "
+                  + "  ".join(f"M={k}:{v:.1f}" for k, v in sec["curve"]["forward_ms"].items())
+                  + "  pp: " + "  ".join(f"{k}:{v:.1f}" for k, v in sec["pp_tok_s"].items()))
     lc = r.get("llamacpp_curve")
     if lc is not None:
         print("  llama.cpp ms: " + "  ".join(f"M={k}:{v:.1f}" for k, v in lc["forward_ms"].items()))
