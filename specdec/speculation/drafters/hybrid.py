@@ -21,13 +21,23 @@ class HybridDrafter(Drafter):
     Which one drafts is a function of the context alone (never of the rng), so each draft is
     still x ~ q for the q it reports.  The model drafter's cache is not touched on lookup
     steps: its next `propose` rolls back to the common prefix with the context and evaluates
-    everything it missed in one batch (ModelDrafter's lazy catch-up)."""
+    everything it missed in one batch (ModelDrafter's lazy catch-up).
 
-    def __init__(self, lookup: PromptLookupDrafter | SuffixDrafter, model: ModelDrafter):
+    use_model: False drafts with the lookup alone (the drafting plan's choice for a request,
+    api/plan.py); wait_first: a request's first step (after `prefill`) drafts with the
+    lookup only, so that the draft model's catch-up never delays the first token of the
+    answer (key 'wait' then, when the lookup has no match)."""
+
+    WAIT = "wait"
+
+    def __init__(self, lookup: PromptLookupDrafter | SuffixDrafter, model: ModelDrafter, *,
+                 use_model: bool = True, wait_first: bool = False):
         if lookup.n_vocab != model.n_vocab:
             raise ValueError(f"hybrid drafter: lookup over {lookup.n_vocab} ids, model over {model.n_vocab}")
         self.lookup, self.model, self.n_vocab = lookup, model, model.n_vocab
+        self.use_model, self.wait_first = bool(use_model), bool(wait_first)
         self._by: Drafter | None = None               # who made the last proposal
+        self._waiting = False                         # the request's first step is to come
 
     @property
     def store(self):
@@ -38,6 +48,7 @@ class HybridDrafter(Drafter):
         self.lookup.reset()
         self.model.reset()
         self._by = None
+        self._waiting = False
 
     def constrain(self, constraint) -> None:
         self.constraint = constraint
@@ -47,12 +58,17 @@ class HybridDrafter(Drafter):
     def key(self, context_ids: Sequence[int]) -> str:
         """The lookup's key when it matches, else the model's."""
         hit = self.lookup.match(context_ids)
-        return self.lookup.key_of(hit) if hit else self.model.source
+        if hit:
+            return self.lookup.key_of(hit)
+        return self.model.source if self._model_now() else self.WAIT
+
+    def _model_now(self) -> bool:
+        return self.use_model and not (self.wait_first and self._waiting)
 
     def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
         draft = self.lookup.propose(context_ids, n_max, rng)
         self._by = self.lookup
-        if not draft.tokens and n_max > 0:
+        if not draft.tokens and n_max > 0 and self._model_now():
             draft = self.model.propose(context_ids, n_max, rng)
             self._by = self.model
         return draft
@@ -60,15 +76,18 @@ class HybridDrafter(Drafter):
     def propose_tree(self, context_ids: Sequence[int], n_max: int, k: int, rng: Rng) -> DraftTree:
         tree = self.lookup.propose_tree(context_ids, n_max, k, rng)
         self._by = self.lookup
-        if not tree.tokens and n_max > 0:
+        if not tree.tokens and n_max > 0 and self._model_now():
             tree = self.model.propose_tree(context_ids, n_max, k, rng)
             self._by = self.model
         return tree
 
     def prefill(self, context_ids: Sequence[int]) -> None:
-        self.model.prefill(context_ids)
+        self._waiting = True
+        if self.use_model and not self.wait_first:
+            self.model.prefill(context_ids)
 
     def accept(self, n_accepted: int, next_token: int) -> None:
+        self._waiting = False
         if self._by is not None:
             self._by.accept(n_accepted, next_token)
         self._by = None
