@@ -88,7 +88,8 @@ class DraftPlan:
         if self._costs is None:
             t, d = self.target, self.options.model
             if calibration.enabled():
-                self._costs = Costs(calibration.costs(t), calibration.costs(d) if d is not None else None)
+                self._costs = Costs(calibration.costs(t), None if d is None else calibration.costs(
+                    d, n_logits=self.options.draft_vocab(d)))
             else:
                 self._costs = Costs.prior(_bytes(t), _bytes(d) if d is not None else None)
         return self._costs

@@ -8,8 +8,9 @@ compilation is timed) and cached as JSON:
 
     <cache>/calibration/<file stem>-<key>.json
 
-key = SHA-256 of the model file's path, size and mtime, the host's CPU (model name and SIMD
-flags), the kernels' path (SPECDEC_KERNELS) and CALIBRATION_VERSION.  A file whose key, version
+key = SHA-256 of the model file's path, size and mtime, how it was loaded (requantized layers,
+the logits a session computes), the host's CPU (model name and SIMD flags), the kernels' path
+(SPECDEC_KERNELS) and CALIBRATION_VERSION.  A file whose key, version
 or fields do not check out is measured again and rewritten (written under a temporary name and
 renamed: atomic).  Until a model is calibrated — and when SPECDEC_CALIBRATE=0 — `prior` gives
 a sane stand-in: this host's kernel path's verify growth (kernels.cpu.verify_growth) and a
@@ -81,13 +82,14 @@ def root() -> Path:
     return cache_dir() / "calibration"
 
 
-def cache_key(path: str) -> str:
-    """The identity a calibration holds for: the file, the host's CPU, the kernels' path."""
+def cache_key(path: str, variant: str = "") -> str:
+    """The identity a calibration holds for: the file, how it was loaded (variant), the host's
+    CPU, the kernels' path."""
     st = os.stat(path)
     h = cpu.host()
     simd = sorted(f for f in h.flags if f.startswith(cpu.SIMD_PREFIXES))
     parts = [str(CALIBRATION_VERSION), os.path.abspath(path), str(st.st_size), str(st.st_mtime_ns),
-             h.model_name, ",".join(simd), os.environ.get(cpu.KERNELS_ENV, ""), str(os.cpu_count())]
+             variant, h.model_name, ",".join(simd), os.environ.get(cpu.KERNELS_ENV, ""), str(os.cpu_count())]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
@@ -98,19 +100,21 @@ def cache_path(path: str, key: str) -> Path:
 _MEMO: dict[str, PassCosts] = {}        # key -> costs read or measured in this process
 
 
-def costs(model: Any, measure_fn: "Callable[[Any], PassCosts] | None" = None) -> PassCosts:
-    """The model's pass costs on this host: from the cache (this process's, then the file),
-    else measured now and written; the prior when calibration is off or the model has no file."""
+def costs(model: Any, measure_fn: "Callable[[Any], PassCosts] | None" = None,
+          n_logits: int | None = None) -> PassCosts:
+    """The model's pass costs on this host (sessions computing n_logits logits; None: all):
+    from the cache (this process's, then the file), else measured now and written; the prior
+    when calibration is off or the model has no file."""
     path = getattr(model, "path", None)
     if not enabled() or not path or not os.path.exists(path):
         return prior()
-    key = cache_key(path)
+    key = cache_key(path, f"{getattr(model, 'requant', None)}|{n_logits}")
     if key in _MEMO:
         return _MEMO[key]
     file = cache_path(path, key)
     got = PassCosts.from_json(file.read_text(encoding="utf-8"), key) if file.exists() else None
     if got is None:
-        got = (measure_fn or measure)(model)
+        got = measure_fn(model) if measure_fn is not None else measure(model, n_logits=n_logits)
         _write(file, got.to_json(key))
     _MEMO[key] = got
     return got
@@ -127,12 +131,12 @@ def _write(file: Path, text: str) -> None:
         pass
 
 
-def measure(model: Any, clock: Callable[[], float] = time.perf_counter) -> PassCosts:
+def measure(model: Any, clock: Callable[[], float] = time.perf_counter, n_logits: int | None = None) -> PassCosts:
     """Time passes of 1 and ROWS rows after a PROMPT_ROWS-token context, and that prompt pass
     (the median of REPEATS each, after one untimed round: compilation is never timed)."""
     n_vocab = int(model.config.n_vocab)
     ids = [(7 + 31 * i) % n_vocab for i in range(PROMPT_ROWS + ROWS)]
-    s = model.session(PROMPT_ROWS + ROWS + 1)
+    s = model.session(PROMPT_ROWS + ROWS + 1, n_logits=n_logits)
 
     def timed(tokens: list[int], at: int) -> float:
         s.truncate(at)

@@ -124,19 +124,18 @@ def choose(inp: PlanInput, costs: Costs, n_max: int = 8) -> Choice:
         saved = n_new * t.row_s * (1.0 - 1.0 / r)          # seconds drafting saves over the answer
         per_tok = max(costs.draft.prefill_tok_s, 1e-12)
         w = int(min(WINDOW_SHARE * saved / per_tok, WINDOW_MAX, max(inp.prompt_len, 1)))
+        how = (f"draft model {r:.2f}x per step at n {n}, alpha {MODEL_ALPHA[inp.greedy]:.2f} "
+               f"(c {costs.c:.2f}, growth {t.growth:.2f}, {'measured' if t.measured else 'prior'})")
         if r > 1.0 and (w >= WINDOW_MIN or w >= inp.prompt_len):
             window = max(1, w)
-            model_tps = n_new / (fixed + window * per_tok + n_new * t.row_s / r)
-            tps.append(("model", model_tps))
-            why = (f"draft model predicted {r:.2f}x per step at n {n}, alpha {MODEL_ALPHA[inp.greedy]:.2f} "
-                   f"(c {costs.c:.2f}, growth {t.growth:.2f}{'' if t.measured else ' prior'}); "
-                   f"its {window}-token window costs {window * per_tok:.2f} s of {saved:.2f} s saved")
+            tps.append(("model", n_new / (fixed + window * per_tok + n_new * t.row_s / r)))
+            why = f"{how}: its {window}-token window costs {_time(window * per_tok, t)} of {_time(saved, t)} saved"
         else:
-            why = (f"draft model predicted {r:.2f}x per step (c {costs.c:.2f}, growth {t.growth:.2f}), "
-                   f"saving {saved:.2f} s: less than its prompt pass of {WINDOW_MIN} tokens")
+            why = f"{how}: saves {_time(saved, t)}, less than its prompt pass of {WINDOW_MIN} tokens"
     drafters = free + (("model",) if window is not None else ())
     best = max(tps, key=lambda kv: kv[1])
-    reason = f"{why}; predicted {best[1]:.1f} tok/s vs plain {plain_tps:.1f}"
+    reason = f"{why}; predicted {best[1] / plain_tps:.2f}x plain" + (
+        f" ({best[1]:.1f} tok/s)" if t.measured else "")
     return Choice(drafters, window, inp.seeded, tuple((k, round(v, 3)) for k, v in tps), reason)
 
 
@@ -182,6 +181,11 @@ class PlannedLength(AdaptiveLength):
             fb = replace(fb, draft_s=fb.n_drafted * self.costs.draft_s(kind),
                          verify_s=self.costs.target.verify_s(fb.n_drafted))
         super().observe(fb)
+
+
+def _time(seconds: float, t: PassCosts) -> str:
+    """Seconds when measured, else in target steps (the prior's unit)."""
+    return f"{seconds:.2f} s" if t.measured else f"{seconds / t.row_s:.1f} target steps"
 
 
 def _best(alpha: float, d: float, a: float, b: float, n_min: int, n_max: int) -> tuple[int, float]:
