@@ -33,7 +33,7 @@ CALIBRATION_VERSION = 1
 ENV = "SPECDEC_CALIBRATE"       # "0" / "off" / "false": never measure, use the prior
 ROWS = 8                        # the widest verification pass measured
 PROMPT_ROWS = 64                # the prompt pass measured
-PREFILL_PRIOR = 0.2             # a prompt token's cost, in one-row passes, until measured (0.12-0.17 on the Intel host)
+PREFILL_PRIOR = 0.2             # a prompt token's cost, in one-row passes, until measured
 REPEATS = 3
 
 
