@@ -26,7 +26,7 @@ from ..kernels.cpu import verify_growth
 from ..speculation import calibration
 from ..speculation.drafters import Drafter, HybridDrafter, ModelDrafter, PredictionDrafter, make_drafter
 from ..speculation.drafters.prediction import SOURCE as PREDICTED
-from ..speculation.plan import FREE, MODEL_ALPHA, Choice, Costs, PlanInput, PlannedLength, choose
+from ..speculation.plan import FREE, MODEL_ALPHA, Choice, Costs, Ledger, PlanInput, PlannedLength, choose
 from ..speculation.policies import DRAFT_N_MAX, DraftPolicy, make_policy
 from ..speculation.underload import LazyPrefill, LoadCappedPolicy
 
@@ -35,6 +35,8 @@ AUTO_VOCAB = 32768      # the default draft head: ids below this, when the vocab
 AUTO_DRAFT_QUANT = "q4_0"   # the CLI's defaults load the draft's layers requantized (cli._quant)
 AUTO_STOP_AFTER = 24    # the defaults stop drafting from a source once this many positions show it cannot pay
 SEED_N, SEED_P = 5, 0.9  # --draft-n / --draft-p when only the other one (or --draft-policy) is given
+
+_LEDGERS: dict[tuple, Ledger] = {}     # (target, draft, greedy) -> acceptance so far, this process
 
 
 @dataclass(frozen=True)
@@ -125,21 +127,33 @@ class DraftPlan:
                  predicted: bool) -> tuple[Drafter, DraftPolicy]:
         """The defaults: the cost model's choice applied to the (hybrid or free) drafter."""
         policy = self._planned_policy(seeded, greedy, AUTO_N_MAX)
-        if (self.options.drafter_kind != "hybrid" or not isinstance(drafter, HybridDrafter)
+        if (self.options.kind is not None or not isinstance(drafter, HybridDrafter)
                 or not isinstance(drafter.model, ModelDrafter)):
             return drafter, policy                         # a drafter asked for by name: as asked
         free = ("suffix",) if drafter.store is not None else ("prompt-lookup",)
         inp = PlanInput(prompt_len, n_predict, greedy, seeded, model=True,
-                        free=free + (("prediction",) if predicted else ()))
+                        free=free + (("prediction",) if predicted else ()),
+                        alpha_model=None if seeded else self.ledger(greedy).alpha("model", MODEL_ALPHA[greedy]))
         self.choice = c = choose(inp, self.costs(), AUTO_N_MAX)
+        if not c.model and not seeded:
+            self.ledger(greedy).fade("model")
         drafter.use_model, drafter.wait_first = c.model, True
         drafter.model.window, drafter.model.lazy = c.window, True
         policy.preamble = c.describe()
         return drafter, policy
 
     def _planned_policy(self, seeded: bool, greedy: bool, n_max: int) -> DraftPolicy:
-        return PlannedLength(self.costs(), n_max, counts=seeded, alpha_model=MODEL_ALPHA[greedy],
+        ledger = None if seeded else self.ledger(greedy)
+        alpha = MODEL_ALPHA[greedy] if ledger is None else ledger.alpha("model", MODEL_ALPHA[greedy])
+        return PlannedLength(self.costs(), n_max, counts=seeded, alpha_model=alpha, ledger=ledger,
                              stop_after=AUTO_STOP_AFTER, n_init=min(4, n_max))
+
+    def ledger(self, greedy: bool) -> Ledger:
+        """The acceptance measured so far on this target/draft pair in this process (unseeded
+        requests only; speculation/plan.py)."""
+        key = (getattr(self.target, "path", id(self.target)),
+               getattr(self.options.model, "path", id(self.options.model)), bool(greedy))
+        return _LEDGERS.setdefault(key, Ledger())
 
     @property
     def free(self) -> bool:

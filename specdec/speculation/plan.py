@@ -9,9 +9,10 @@ request of P prompt tokens and N new ones takes
     plain     P·pp_t + N·a
     drafting  P·pp_t + W·pp_d + N / R       R = max_n E(n) / (n·d + a + b·n)
 
-with E(n) = (1 - alpha^(n+1)) / (1 - alpha) (Leviathan et al. 2023) at the drafter's prior
-acceptance, and W the draft's prompt window: the draft model sees the last W prompt tokens
-only, W the largest that costs at most half of what drafting is predicted to save
+with E(n) = (1 - alpha^(n+1)) / (1 - alpha) (Leviathan et al. 2023) at the draft model's
+acceptance — measured so far in this process on unseeded requests (`Ledger`), the prior
+MODEL_ALPHA for seeded ones and until measured — and W the draft's prompt window: the draft
+model sees the last W prompt tokens only, W the largest that costs at most half of what drafting is predicted to save
 (WINDOW_MIN..WINDOW_MAX; none of it when even WINDOW_MIN does not pay: then the free drafters
 alone).  The free drafters (prompt lookup, the suffix store, a prediction) cost nothing when
 they do not match, so they are always on offer.  `choose` returns the Choice and why.
@@ -36,6 +37,37 @@ MODEL_ALPHA = {True: 0.75, False: 0.6}   # the draft model's prior acceptance, g
 WINDOW_MIN, WINDOW_MAX = 32, 1024        # the draft model's prompt window, tokens
 WINDOW_SHARE = 0.5        # at most this share of the predicted saving goes to the draft's prompt pass
 N_UNBOUNDED = 256         # new tokens assumed when a request sets no bound
+LEDGER_PRIOR = 32.0       # pseudo-positions of the prior acceptance in a Ledger
+LEDGER_DECAY = 0.998      # weight kept per verified position: the Ledger remembers ~500 of them
+LEDGER_FADE = 0.7         # weight kept per request that left the kind out
+
+
+class Ledger:
+    """Acceptance measured so far per drafter kind ('model', 'prompt-lookup', ...), over the
+    requests of one target/draft pair in this process: decayed counts of verified and accepted
+    positions.  Unseeded requests read and feed it; seeded ones never do (their tokens must not
+    depend on what ran before them)."""
+
+    def __init__(self):
+        self.verified: dict[str, float] = {}
+        self.accepted: dict[str, float] = {}
+
+    def record(self, kind: str, n_verified: int, n_accepted: int) -> None:
+        keep = LEDGER_DECAY ** n_verified
+        self.verified[kind] = self.verified.get(kind, 0.0) * keep + n_verified
+        self.accepted[kind] = self.accepted.get(kind, 0.0) * keep + n_accepted
+
+    def fade(self, kind: str, keep: float = LEDGER_FADE) -> None:
+        """A request that did not try this kind: its counts weigh less, so that the prior
+        comes back and the kind is tried again after a few such requests."""
+        for d in (self.verified, self.accepted):
+            if kind in d:
+                d[kind] *= keep
+
+    def alpha(self, kind: str, prior: float) -> float:
+        """The kind's acceptance, shrunk towards prior where few positions were verified."""
+        v = self.verified.get(kind, 0.0)
+        return (self.accepted.get(kind, 0.0) + LEDGER_PRIOR * prior) / (v + LEDGER_PRIOR)
 
 
 @dataclass(frozen=True)
@@ -69,6 +101,7 @@ class PlanInput:
     seeded: bool                          # a seed was set: choices from counts alone
     model: bool                           # a draft model is on offer
     free: tuple[str, ...] = ()            # free drafters on offer (FREE names)
+    alpha_model: float | None = None      # the draft model's acceptance so far (None: MODEL_ALPHA)
 
 
 @dataclass(frozen=True)
@@ -120,11 +153,13 @@ def choose(inp: PlanInput, costs: Costs, n_max: int = 8) -> Choice:
         tps.append(("+".join(free), plain_tps))           # never slower: nothing spent on a miss
     window, why = None, "no draft model"
     if inp.model and costs.draft is not None:
-        r, n = model_rate(costs, MODEL_ALPHA[inp.greedy], n_max)
+        alpha = MODEL_ALPHA[inp.greedy] if inp.alpha_model is None else inp.alpha_model
+        r, n = model_rate(costs, alpha, n_max)
         saved = n_new * t.row_s * (1.0 - 1.0 / r)          # seconds drafting saves over the answer
         per_tok = max(costs.draft.prefill_tok_s, 1e-12)
         w = int(min(WINDOW_SHARE * saved / per_tok, WINDOW_MAX, max(inp.prompt_len, 1)))
-        how = (f"draft model {r:.2f}x per step at n {n}, alpha {MODEL_ALPHA[inp.greedy]:.2f} "
+        how = (f"draft model {r:.2f}x per step at n {n}, alpha {alpha:.2f}"
+               f"{' prior' if inp.alpha_model is None else ' so far'} "
                f"(c {costs.c:.2f}, growth {t.growth:.2f}, {'measured' if t.measured else 'prior'})")
         if r > 1.0 and (w >= WINDOW_MIN or w >= inp.prompt_len):
             window = max(1, w)
@@ -145,9 +180,10 @@ class PlannedLength(AdaptiveLength):
     next_n chose what it did (the trace's `plan` field)."""
 
     def __init__(self, costs: Costs, n_max: int, *, counts: bool, alpha_model: float = 0.75,
-                 **adaptive):
+                 ledger: Ledger | None = None, **adaptive):
         super().__init__(n_max=n_max, growth_prior=costs.target.growth, **adaptive)
         self.costs, self.counts, self.alpha_model = costs, bool(counts), float(alpha_model)
+        self.ledger = None if counts else ledger      # counts: what ran before never matters
         self.reason = ""
         self.preamble = ""                  # the request's Choice (DraftPlan), on its first step's reason
 
@@ -176,8 +212,10 @@ class PlannedLength(AdaptiveLength):
         return n
 
     def observe(self, fb: StepFeedback) -> None:
+        kind = self.kind(fb.key if fb.key is not None else fb.source)
+        if self.ledger is not None and fb.n_verified > 0:
+            self.ledger.record(kind, fb.n_verified, fb.n_accepted)
         if self.counts:                     # the calibrated costs, never the clock's
-            kind = self.kind(fb.key if fb.key is not None else fb.source)
             fb = replace(fb, draft_s=fb.n_drafted * self.costs.draft_s(kind),
                          verify_s=self.costs.target.verify_s(fb.n_drafted))
         super().observe(fb)

@@ -13,8 +13,8 @@ from specdec.api.request import DraftOptions, Runner
 from specdec.generation.sampling import SamplerParams
 from specdec.speculation import calibration
 from specdec.speculation.calibration import PassCosts
-from specdec.speculation.plan import (WINDOW_MAX, WINDOW_MIN, Costs, PlanInput, PlannedLength,
-                                      choose)
+from specdec.speculation.plan import (MODEL_ALPHA, WINDOW_MAX, WINDOW_MIN, Costs, Ledger, PlanInput,
+                                      PlannedLength, choose)
 from specdec.speculation.policies import StepFeedback
 from specdec.speculation.trace import StepRecord
 from synth import TinySpec
@@ -141,6 +141,9 @@ def test_seeded_sampled_requests_do_not_read_the_clock(tiny_model):
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 5, 6]
     outs, asked = [], []
     for clock_seed in range(4):
+        unseeded = _runner(target, draft, params)              # feeds this pair's Ledger
+        unseeded.clock = _wild(clock_seed + 10)
+        unseeded.run(prompt[::-1], 30)
         r = _runner(target, draft, params, seed=11)
         r.clock = _wild(clock_seed)
         res = r.run(prompt, 40)
@@ -169,3 +172,30 @@ def test_server_request_fields_go_through_the_plan():
     assert DraftPlan.for_request(base, None, 3, None).n == 3
     assert DraftPlan.for_request(base, "suffix", None, None).kind == "suffix"
     assert DraftPlan(base, None).free and not DraftPlan(DraftOptions(model=object()), None).free
+
+
+def test_the_ledger_learns_acceptance_and_fades_back_to_the_prior():
+    led = Ledger()
+    assert led.alpha("model", 0.75) == 0.75
+    led.record("model", 200, 40)
+    low = led.alpha("model", 0.75)
+    assert low < 0.4
+    for _ in range(10):
+        led.fade("model")
+    assert low < led.alpha("model", 0.75) < 0.75
+    inp = PlanInput(300, 128, True, False, True, ("prompt-lookup",), alpha_model=low)
+    assert not choose(inp, CHEAP).model                       # measured to lose: free drafters alone
+    assert choose(PlanInput(300, 128, True, False, True, ("prompt-lookup",)), CHEAP).model
+
+
+def test_unseeded_requests_feed_the_ledger_and_seeded_ones_do_not(tiny_model):
+    target, draft = tiny_model(TinySpec(seed=5)), tiny_model(TinySpec(seed=6))
+    greedy = SamplerParams(temperature=0.0)
+    r = _runner(target, draft, greedy, seed=1)
+    r.run([1, 2, 3, 4, 5], 30)
+    led = r.plan.ledger(True)
+    assert led.verified == {} and r.plan.choice.reason.count("prior")
+    r = _runner(target, draft, greedy)
+    r.run([1, 2, 3, 4, 5], 30)
+    assert led.verified.get("model", 0) > 0
+    assert MODEL_ALPHA[True] != led.alpha("model", MODEL_ALPHA[True])
