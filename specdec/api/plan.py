@@ -137,7 +137,7 @@ class DraftPlan:
         self.choice = c = choose(inp, self.costs(), AUTO_N_MAX)
         if not c.model and not seeded:
             self.ledger(greedy).fade("model")
-        drafter.use_model, drafter.wait_first = c.model, True
+        drafter.use_model, drafter.wait = c.model, c.wait
         drafter.model.window, drafter.model.lazy = c.window, True
         policy.preamble = c.describe()
         return drafter, policy

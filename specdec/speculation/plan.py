@@ -12,10 +12,13 @@ request of P prompt tokens and N new ones takes
 with E(n) = (1 - alpha^(n+1)) / (1 - alpha) (Leviathan et al. 2023) at the draft model's
 acceptance — measured so far in this process on unseeded requests (`Ledger`), the prior
 MODEL_ALPHA for seeded ones and until measured — and W the draft's prompt window: the draft
-model sees the last W prompt tokens only, W the largest that costs at most half of what drafting is predicted to save
-(WINDOW_MIN..WINDOW_MAX; none of it when even WINDOW_MIN does not pay: then the free drafters
-alone).  The free drafters (prompt lookup, the suffix store, a prediction) cost nothing when
-they do not match, so they are always on offer.  `choose` returns the Choice and why.
+model sees the last W prompt tokens only, W the largest that costs at most WINDOW_SHARE of
+what drafting is predicted to save (WINDOW_MIN..WINDOW_MAX; no model at all when even
+WINDOW_MIN does not pay: then the free drafters alone).  The free drafters (prompt lookup,
+the suffix store, a prediction) cost nothing when they do not match, so they are always on
+offer, and they alone draft the first WAIT_TOKENS tokens of an answer: the draft's prompt
+pass never delays the first token, and a short answer (a RAG reply of a few words) never
+pays it.  `choose` returns the Choice and why.
 
 Per step, `PlannedLength` (an AdaptiveLength) picks n in 0..n_max for the coming step's key
 by the same E(n) / T(n) from the acceptance counted so far per key and position, starting
@@ -34,8 +37,9 @@ from .policies import AdaptiveLength, StepFeedback, expected_tokens
 FREE = ("prediction", "suffix", "prompt-lookup")    # drafters that cost ~nothing per step
 FREE_DRAFT = 0.01         # a free drafter's step, in target one-row passes
 MODEL_ALPHA = {True: 0.75, False: 0.6}   # the draft model's prior acceptance, greedy / sampled
-WINDOW_MIN, WINDOW_MAX = 32, 1024        # the draft model's prompt window, tokens
-WINDOW_SHARE = 0.5        # at most this share of the predicted saving goes to the draft's prompt pass
+WINDOW_MIN, WINDOW_MAX = 32, 512         # the draft model's prompt window, tokens
+WINDOW_SHARE = 0.3        # at most this share of the predicted saving goes to the draft's prompt pass
+WAIT_TOKENS = 16          # the draft model drafts once the answer has this many tokens (free drafters before)
 N_UNBOUNDED = 256         # new tokens assumed when a request sets no bound
 LEDGER_PRIOR = 32.0       # pseudo-positions of the prior acceptance in a Ledger
 LEDGER_DECAY = 0.998      # weight kept per verified position: the Ledger remembers ~500 of them
@@ -118,12 +122,17 @@ class Choice:
         return "model" in self.drafters
 
     @property
+    def wait(self) -> int:
+        """Answer tokens the free drafters alone draft before the model may."""
+        return WAIT_TOKENS if self.model else 0
+
+    @property
     def free_only(self) -> bool:
         return bool(self.drafters) and not self.model
 
     def describe(self) -> str:
         who = "+".join(self.drafters) or "none"
-        return (f"plan: {who}" + (f", draft window {self.window}" if self.window else "")
+        return (f"plan: {who}" + (f", draft window {self.window} after {self.wait} tokens" if self.window else "")
                 + (", lengths from counts (seed)" if self.counts else ", lengths from timings")
                 + f"; {self.reason}")
 
@@ -155,7 +164,7 @@ def choose(inp: PlanInput, costs: Costs, n_max: int = 8) -> Choice:
     if inp.model and costs.draft is not None:
         alpha = MODEL_ALPHA[inp.greedy] if inp.alpha_model is None else inp.alpha_model
         r, n = model_rate(costs, alpha, n_max)
-        saved = n_new * t.row_s * (1.0 - 1.0 / r)          # seconds drafting saves over the answer
+        saved = max(n_new - WAIT_TOKENS, 0) * t.row_s * (1.0 - 1.0 / r)   # seconds the model saves
         per_tok = max(costs.draft.prefill_tok_s, 1e-12)
         w = int(min(WINDOW_SHARE * saved / per_tok, WINDOW_MAX, max(inp.prompt_len, 1)))
         how = (f"draft model {r:.2f}x per step at n {n}, alpha {alpha:.2f}"

@@ -13,13 +13,13 @@ from specdec.api.request import DraftOptions, Runner
 from specdec.generation.sampling import SamplerParams
 from specdec.speculation import calibration
 from specdec.speculation.calibration import PassCosts
-from specdec.speculation.plan import (MODEL_ALPHA, WINDOW_MAX, WINDOW_MIN, Costs, Ledger, PlanInput,
+from specdec.speculation.plan import (MODEL_ALPHA, WAIT_TOKENS, WINDOW_MAX, WINDOW_MIN, Costs, Ledger, PlanInput,
                                       PlannedLength, choose)
 from specdec.speculation.policies import StepFeedback
 from specdec.speculation.trace import StepRecord
 from synth import TinySpec
 
-CHEAP = Costs(PassCosts(0.05, 0.1, 0.02, True), PassCosts(0.01, 0.1, 0.004, True))   # c 0.2
+CHEAP = Costs(PassCosts(0.05, 0.1, 0.02, True), PassCosts(0.01, 0.1, 0.003, True))   # c 0.2
 
 
 def _counting(monkeypatch, tmp_path, measured: PassCosts):
@@ -106,14 +106,15 @@ def test_the_drafts_prompt_pass_is_bounded_and_after_the_first_token(tiny_model)
     class Trace(list):
         write = list.append
     trace = Trace()
-    out = r.run(prompt, 40, trace=trace)
+    out = r.run(prompt, 100, trace=trace)
     c = r.plan.choice
-    assert c.model and c.window < len(prompt)
-    assert sum(rows) <= c.window + 40 + 8                  # the window, then what was generated
+    assert c.model and c.window < len(prompt) and c.wait == WAIT_TOKENS
+    assert sum(rows) <= c.window + 100 + 8                 # the window, then what was generated
     assert trace[0].source != "model" and "plan:" in trace[0].plan
-    assert any(t.source == "model" for t in trace)
+    model_steps = [t for t in trace if t.source == "model"]
+    assert model_steps and min(t.n_context for t in model_steps) >= len(prompt) + WAIT_TOKENS
     assert StepRecord.from_json(trace[0].to_json()) == trace[0]
-    assert out.ids == target.generate(prompt, n_predict=40, ignore_eos=True).ids
+    assert out.ids == target.generate(prompt, n_predict=100, ignore_eos=True).ids
     assert "plan:" in out.stats.plan
 
 

@@ -24,20 +24,21 @@ class HybridDrafter(Drafter):
     everything it missed in one batch (ModelDrafter's lazy catch-up).
 
     use_model: False drafts with the lookup alone (the drafting plan's choice for a request,
-    api/plan.py); wait_first: a request's first step (after `prefill`) drafts with the
-    lookup only, so that the draft model's catch-up never delays the first token of the
-    answer (key 'wait' then, when the lookup has no match)."""
+    api/plan.py); wait: a request's first steps (after `prefill`), until its answer has this
+    many tokens, draft with the lookup only (key 'wait' when it has no match), so that the
+    draft model's prompt pass never delays the first token and a short answer never pays it
+    (0: the model from the first step, its prompt pass in `prefill`)."""
 
     WAIT = "wait"
 
     def __init__(self, lookup: PromptLookupDrafter | SuffixDrafter, model: ModelDrafter, *,
-                 use_model: bool = True, wait_first: bool = False):
+                 use_model: bool = True, wait: int = 0):
         if lookup.n_vocab != model.n_vocab:
             raise ValueError(f"hybrid drafter: lookup over {lookup.n_vocab} ids, model over {model.n_vocab}")
         self.lookup, self.model, self.n_vocab = lookup, model, model.n_vocab
-        self.use_model, self.wait_first = bool(use_model), bool(wait_first)
+        self.use_model, self.wait = bool(use_model), int(wait)
         self._by: Drafter | None = None               # who made the last proposal
-        self._waiting = False                         # the request's first step is to come
+        self._emitted: int | None = None              # tokens of the request's answer so far
 
     @property
     def store(self):
@@ -48,7 +49,7 @@ class HybridDrafter(Drafter):
         self.lookup.reset()
         self.model.reset()
         self._by = None
-        self._waiting = False
+        self._emitted = None
 
     def constrain(self, constraint) -> None:
         self.constraint = constraint
@@ -63,7 +64,7 @@ class HybridDrafter(Drafter):
         return self.model.source if self._model_now() else self.WAIT
 
     def _model_now(self) -> bool:
-        return self.use_model and not (self.wait_first and self._waiting)
+        return self.use_model and (self.wait <= 0 or (self._emitted or 0) >= self.wait)
 
     def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
         draft = self.lookup.propose(context_ids, n_max, rng)
@@ -82,12 +83,12 @@ class HybridDrafter(Drafter):
         return tree
 
     def prefill(self, context_ids: Sequence[int]) -> None:
-        self._waiting = True
-        if self.use_model and not self.wait_first:
+        self._emitted = 0
+        if self.use_model and self.wait <= 0:
             self.model.prefill(context_ids)
 
     def accept(self, n_accepted: int, next_token: int) -> None:
-        self._waiting = False
+        self._emitted = (self._emitted or 0) + n_accepted + 1
         if self._by is not None:
             self._by.accept(n_accepted, next_token)
         self._by = None
