@@ -108,6 +108,8 @@ class DraftPlan:
         if self.planned and drafter is not None:
             drafter, policy = self._planned(drafter, prompt_len, n_predict, greedy, seeded,
                                             prediction is not None)
+        elif seeded and self.options.policy == "adaptive" and policy is not None:   # counts, not the clock
+            policy = PlannedLength(self.costs(), policy.n_max, counts=True, p_min=policy.p_min)
         if prediction is not None:
             drafter = PredictionDrafter(prediction, n_vocab, fallback=drafter)
             if tree_k > 1:

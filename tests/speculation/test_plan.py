@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from specdec.api.plan import DraftPlan
 from specdec.api.request import DraftOptions, Runner
@@ -126,6 +128,16 @@ def test_greedy_defaults_equal_plain_with_the_model_planned(tiny_model):
         assert _runner(target, draft, greedy).run(prompt, 30).ids == plain.ids
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompt=st.lists(st.integers(1, 47), min_size=1, max_size=120), n=st.integers(1, 60),
+       window_costs=st.sampled_from([0.0005, 0.003, 0.05]))
+def test_planned_greedy_output_is_plain_whatever_the_plan(tiny_model, prompt, n, window_costs):
+    target, draft = tiny_model(TinySpec(seed=3)), tiny_model(TinySpec(seed=4))
+    costs = Costs(CHEAP.target, PassCosts(0.01, 0.1, window_costs, True))
+    got = _runner(target, draft, SamplerParams(temperature=0.0), costs=costs).run(prompt, n).ids
+    assert got == target.generate(prompt, n_predict=n, ignore_eos=True).ids
+
+
 def _wild(seed):
     rng = np.random.default_rng(seed)
     t = [0.0]
@@ -200,3 +212,16 @@ def test_unseeded_requests_feed_the_ledger_and_seeded_ones_do_not(tiny_model):
     r.run([1, 2, 3, 4, 5], 30)
     assert led.verified.get("model", 0) > 0
     assert MODEL_ALPHA[True] != led.alpha("model", MODEL_ALPHA[True])
+
+
+def test_a_seeded_explicit_adaptive_policy_reads_counts_too(tiny_model):
+    target, draft = tiny_model(TinySpec(seed=3)), tiny_model(TinySpec(seed=4))
+    params = SamplerParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0)
+    options = DraftOptions(kind="model", model=draft, policy="adaptive", n=6)
+    outs = []
+    for clock_seed in range(3):
+        r = Runner(target, params, options, seed=5, ignore_eos=True)
+        r.clock = _wild(clock_seed)
+        outs.append((r.run([3, 1, 4, 1, 5, 9, 2, 6], 30).ids, r.policy.history))
+        assert isinstance(r.policy, PlannedLength) and r.policy.counts
+    assert all(o == outs[0] for o in outs)
