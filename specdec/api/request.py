@@ -63,13 +63,13 @@ class DraftOptions:
     draft), with the fixed or threshold policy.
 
     Defaults that pay (`auto`): with none of n, p, policy given, a draft model drafts as
-    'hybrid' (prompt lookup where the context repeats itself, the model elsewhere) with the
-    adaptive length in 1..AUTO_N_MAX (0 for a source once AUTO_STOP_AFTER verified positions
-    say no length pays there), its verify-cost prior this host's (kernels.cpu.verify_growth);
-    with any of them given they mean what llama.cpp's
-    flags mean (threshold policy, n 5, p 0.9 for the ones not given).  vocab None: AUTO_VOCAB
-    for draft vocabularies more than twice as large, else all.  The measurements behind
-    these choices: docs/speculative.md, "Defaults"."""
+    'hybrid' (prompt lookup where the context repeats itself, the model elsewhere), and per
+    request the drafting plan (api/plan.py, DraftPlan) decides whether the model drafts at
+    all, the window of the prompt it sees and the length per step in 0..AUTO_N_MAX, by
+    predicted tokens per second from this host's calibrated pass costs; with any of them
+    given they mean what llama.cpp's flags mean (threshold policy, n 5, p 0.9 for the ones not
+    given).  vocab None: AUTO_VOCAB for draft vocabularies more than twice as large, else
+    all.  The measurements behind these choices: docs/speculative.md, "Defaults"."""
     kind: str | None = None
     model: Any = None                   # specdec.Model drafting for kind 'model' / 'hybrid'
     drafter: Drafter | None = None
