@@ -11,6 +11,11 @@ and fresh-code prompts of benchmarks/prompts/ and the README's two examples.  Bo
 are loaded with the default load (read into memory when they fit, see gguf_file.should_map)
 unless --mmap; every kernel path is warmed before any timing.
 
+--temperature T (with --seed S, default 0) samples instead: every config gets the same seed,
+so plain and speculative draw from the same law but not the same tokens (same_ids is then not
+expected); --tag names the JSON (defaults<tag>.json).  The drafting plan's pass costs are
+calibrated (or read from the cache) before any timing and recorded.
+
     python benchmarks/defaults.py --out benchmarks/results            # the real run
     python benchmarks/defaults.py --prompts 1 --n-predict 16 --out /tmp/x   # smoke
 """
@@ -18,11 +23,12 @@ from __future__ import annotations
 
 import argparse
 from contextlib import contextmanager
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import specdec
-import specdec.api.request as request_mod
-from specdec.api.request import AUTO_DRAFT_QUANT
+from specdec.api.plan import DraftPlan
+from specdec.api.request import AUTO_DRAFT_QUANT, DraftOptions
 from specdec.kernels.cpu import verify_growth
 from common import QWEN_DRAFT, QWEN_TARGET, load_prompts, machine_info, timed_configs, warm_up, write_json
 
@@ -41,13 +47,18 @@ PRIOR_CONFIG = "defaults, prior"
 
 @contextmanager
 def growth_prior(value: float):
-    """The request path's verify-cost prior patched to `value` for the duration (benchmark only)."""
-    saved = request_mod.verify_growth
-    request_mod.verify_growth = lambda: value
+    """The drafting plan's verify growth (calibrated) patched to `value` for the duration
+    (benchmark only)."""
+    saved = DraftPlan.costs
+
+    def patched(self):
+        c = saved(self)
+        return replace(c, target=replace(c.target, growth=value))
+    DraftPlan.costs = patched
     try:
         yield
     finally:
-        request_mod.verify_growth = saved
+        DraftPlan.costs = saved
 
 
 def timed_rows(target, ids, n_predict: int, kws: dict, prior: float | None) -> dict:
@@ -91,6 +102,9 @@ def main(argv=None) -> None:
                          f"with no length flag (default {AUTO_DRAFT_QUANT}; none: as stored)")
     ap.add_argument("--growth-prior", type=float, default=None,
                     help=f"the verify-cost prior of the '{PRIOR_CONFIG}' config (default: not run)")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0, help="with --temperature > 0")
+    ap.add_argument("--tag", default="", help="the JSON is defaults<tag>.json")
     ap.add_argument("--out", default="bench-results")
     a = ap.parse_args(argv)
     if a.growth_prior is None:
@@ -103,12 +117,15 @@ def main(argv=None) -> None:
     warm_s = warm_up(target, draft) + (warm_up(auto_draft) if quant else 0.0)
     for d in {id(draft): draft, id(auto_draft): auto_draft}.values():
         d.session(32, n_logits=32768).eval([1, 2, 3])         # the trimmed-head draft path
+    costs = DraftPlan(DraftOptions(model=auto_draft), target).costs()     # calibrated before any timing
+    print(f"pass costs: {costs}", flush=True)
+    sampling = {"temperature": a.temperature, "seed": a.seed} if a.temperature > 0 else {}
     rows = prompts(target, a.sets, a.prompts)
     runs = []
     for r in rows:
         ids = target.tokenize(r["prompt"])
-        kws = {name: {k: ((auto_draft if name.startswith("defaults") else draft) if v == "DRAFT" else v)
-                      for k, v in CONFIGS[name].items()} for name in a.configs}
+        kws = {name: {**sampling, **{k: ((auto_draft if name.startswith("defaults") else draft) if v == "DRAFT" else v)
+                                     for k, v in CONFIGS[name].items()}} for name in a.configs}
         row = {"id": r["id"], "kind": r["kind"], "n_prompt": len(ids),
                "configs": timed_rows(target, ids, a.n_predict, kws, a.growth_prior)}
         print(f"{r['id']:24s} " + "  ".join(
@@ -133,11 +150,13 @@ def main(argv=None) -> None:
     result = {"machine": machine_info(), "target": QWEN_TARGET, "draft": QWEN_DRAFT,
               "defaults_draft_quant": quant, "n_predict": a.n_predict, "verify_growth": verify_growth(),
               "growth_prior": a.growth_prior, "warm_up_s": round(warm_s, 2),
+              "temperature": a.temperature, "seed": a.seed if sampling else None,
+              "pass_costs": {"target": asdict(costs.target), "draft": asdict(costs.draft)},
               "load": "mapped" if a.mmap else ("in memory" if target.gguf.in_memory else "mapped"),
               "configs": {k: {kk: ("draft model" if vv == "DRAFT" else vv) for kk, vv in v.items()}
                           for k, v in CONFIGS.items() if k in a.configs},
               "summary": summary, "runs": runs}
-    write_json(Path(a.out) / "defaults.json", result)
+    write_json(Path(a.out) / f"defaults{a.tag}.json", result)
     for kind, s in summary.items():
         print(f"{kind:14s} " + "  ".join(f"{n} {v['tok_s']:.1f} tok/s"
                                          + (f" {v['speedup']:.2f}x (min {v['min_speedup']:.2f}x)"

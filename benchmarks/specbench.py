@@ -178,6 +178,25 @@ def summarize(rows: dict[str, list[dict]]) -> dict:
     return out
 
 
+SINGLE = ("model", "prompt-lookup", "suffix")     # the single drafters the defaults must match
+
+
+def against_best_single(summary: dict) -> dict:
+    """Per group: the defaults' speedup over plain, the best single drafter's (which one), and
+    the defaults over it (the goal: >= 1.0x plain and >= 0.95x the best single drafter)."""
+    out = {}
+    d = summary.get("defaults", {})
+    for g, cell in d.items():
+        singles = {m: summary[m][g]["speedup"] for m in SINGLE if m in summary and g in summary[m]
+                   and summary[m][g]["speedup"]}
+        if not singles or not cell.get("speedup"):
+            continue
+        best = max(singles, key=singles.get)
+        out[g] = {"defaults": cell["speedup"], "best_single": best, "best_single_speedup": singles[best],
+                  "defaults_over_best": round(cell["speedup"] / singles[best], 3)}
+    return out
+
+
 def markdown(summary: dict) -> str:
     """The README's table: speedup over plain (whole request) per group, tau overall."""
     cols = [g for g in (*GROUPS, "overall")]
@@ -228,11 +247,15 @@ def main(argv=None) -> None:
     qs = questions(a.questions, a.per_category, a.seed)
     a.out.mkdir(parents=True, exist_ok=True)
     import specdec
+    from dataclasses import asdict
+    from specdec.api.plan import DraftPlan
     from specdec.frontends.bench import llamacpp_build, llamacpp_dir
     target = specdec.load(a.target)
     draft = specdec.load(a.draft, requant="q4_0") if any(m in methods for m in SPECDEC[1:] if m not in
                                                           ("prompt-lookup", "suffix")) else None
     specdec.Conversation(target, temperature=0.0).say("Hello", 2)          # kernels compiled
+    costs = DraftPlan(specdec.DraftOptions(model=draft), target).costs() if draft is not None else None
+    print(f"pass costs (calibrated before any timing): {costs}", flush=True)
     rows: dict[str, list[dict]] = {}
     for m in methods:
         t = time.perf_counter()
@@ -251,9 +274,15 @@ def main(argv=None) -> None:
     result = {"machine": machine_info(), "llamacpp_build": llamacpp_build(), "questions": str(a.questions),
               "per_category": a.per_category, "max_tokens": a.max_tokens, "seed": a.seed,
               "question_ids": [q["question_id"] for q in qs], "summary": summary,
+              "defaults_vs_best_single": against_best_single(summary),
+              "pass_costs": None if costs is None else {"target": asdict(costs.target),
+                                                        "draft": asdict(costs.draft)},
               "rows": {m: [{k: v for k, v in r.items() if k != "text"} for r in rs] for m, rs in rows.items()}}
     write_json(a.out / "specbench.json", result)
     print(markdown(summary))
+    for g, v in result["defaults_vs_best_single"].items():
+        print(f"{g:15s} defaults {v['defaults']:.2f}x plain, best single {v['best_single']} "
+              f"{v['best_single_speedup']:.2f}x: {v['defaults_over_best']:.2f} of it", flush=True)
     plot(summary, a.out / "specbench.png", result["machine"].get("cpu", "?"))
 
 

@@ -16,6 +16,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 # The suite loads many files once each: no prepared-weights folders in the user's cache
 # (tests/engine/test_prepared.py turns them on, in a folder of its own).  Subprocesses inherit it.
 os.environ.setdefault("SPECDEC_PREPARED", "0")
+# ... nor calibrations: the drafting plan uses its prior (tests/speculation/test_plan.py turns
+# calibration on, in a folder of its own).
+os.environ.setdefault("SPECDEC_CALIBRATE", "0")
 
 from helpers import real_model_path  # noqa: E402
 from synth import TinySpec, write_tiny_model  # noqa: E402

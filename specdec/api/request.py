@@ -11,21 +11,22 @@ of DraftOptions (passed on in `build`) plus one flag in cli.py.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence
 
-from ..speculation.drafters import (DRAFTER_NAMES, Drafter, PredictionDrafter, SuffixStore,
-                                   check_lookup_options, make_drafter)
+from ..speculation.drafters import DRAFTER_NAMES, Drafter, SuffixStore, check_lookup_options
 from ..errors import ConfigError, ContextOverflowError
-from ..kernels.cpu import verify_growth
 from ..generation.constraint import Constraint, ConstraintSpec, compile_constraint
 from ..generation.plain import plain_steps
 from ..generation.interfaces import GenerationResult, OnToken, Session, SpecStats, Steps, Timings, drive
-from ..speculation.policies import (DRAFT_N_MAX, POLICY_NAMES, AdaptiveLength, DraftPolicy, FixedLength,
-                                   Threshold, check_draft_n, check_draft_p, make_policy)
+from ..speculation.policies import (POLICY_NAMES, AdaptiveLength, DraftPolicy, FixedLength,
+                                   Threshold, check_draft_n, check_draft_p)
 from ..generation.sampling import NumpyRandom, SamplerParams
 from ..speculation.speculative import check_tree_k, speculative_steps
 from ..speculation.trace import TraceSink
+from .plan import (AUTO_DRAFT_QUANT, AUTO_N_MAX, AUTO_STOP_AFTER, AUTO_VOCAB, SEED_N, SEED_P,  # noqa: F401
+                   DraftPlan, Load)
 
 
 class Target(Protocol):
@@ -38,13 +39,6 @@ class Target(Protocol):
     def session(self, n_ctx: int | None = None) -> Session: ...
 
     def detokenize(self, ids: Sequence[int]) -> str: ...
-
-
-AUTO_N_MAX = 8          # the default draft length bound: AdaptiveLength picks 1..8 per step
-AUTO_VOCAB = 32768      # the default draft head: ids below this, when the vocabulary is > 2x larger
-AUTO_DRAFT_QUANT = "q4_0"   # the CLI's defaults load the draft's layers requantized (cli._quant)
-AUTO_STOP_AFTER = 24    # the defaults stop drafting from a source once this many positions show it cannot pay
-SEED_N, SEED_P = 5, 0.9  # --draft-n / --draft-p when only the other one (or --draft-policy) is given
 
 
 @dataclass(frozen=True)
@@ -69,13 +63,13 @@ class DraftOptions:
     draft), with the fixed or threshold policy.
 
     Defaults that pay (`auto`): with none of n, p, policy given, a draft model drafts as
-    'hybrid' (prompt lookup where the context repeats itself, the model elsewhere) with the
-    adaptive length in 1..AUTO_N_MAX (0 for a source once AUTO_STOP_AFTER verified positions
-    say no length pays there), its verify-cost prior this host's (kernels.cpu.verify_growth);
-    with any of them given they mean what llama.cpp's
-    flags mean (threshold policy, n 5, p 0.9 for the ones not given).  vocab None: AUTO_VOCAB
-    for draft vocabularies more than twice as large, else all.  The measurements behind
-    these choices: docs/speculative.md, "Defaults"."""
+    'hybrid' (prompt lookup where the context repeats itself, the model elsewhere), and per
+    request the drafting plan (api/plan.py, DraftPlan) decides whether the model drafts at
+    all, the window of the prompt it sees and the length per step in 0..AUTO_N_MAX, by
+    predicted tokens per second from this host's calibrated pass costs; with any of them
+    given they mean what llama.cpp's flags mean (threshold policy, n 5, p 0.9 for the ones not
+    given).  vocab None: AUTO_VOCAB for draft vocabularies more than twice as large, else
+    all.  The measurements behind these choices: docs/speculative.md, "Defaults"."""
     kind: str | None = None
     model: Any = None                   # specdec.Model drafting for kind 'model' / 'hybrid'
     drafter: Drafter | None = None
@@ -132,14 +126,9 @@ class DraftOptions:
 
     def length_policy(self) -> DraftPolicy:
         """The draft-length policy these options name (class docstring); with tree > 1 and
-        no length setting, llama.cpp's threshold (SEED_N, SEED_P)."""
-        if self.auto and self.tree > 1:
-            return make_policy("threshold", SEED_N, SEED_P)
-        if self.auto:
-            return make_policy("adaptive", AUTO_N_MAX, growth_prior=verify_growth(),
-                               stop_after=AUTO_STOP_AFTER)
-        return make_policy(self.policy or "threshold", SEED_N if self.n is None else self.n,
-                           SEED_P if self.p is None else self.p, growth_prior=verify_growth())
+        no length setting, llama.cpp's threshold (SEED_N, SEED_P).  Per request the drafting
+        plan may replace it (api/plan.py)."""
+        return DraftPlan(self, None).length_policy()
 
     def draft_vocab(self, model) -> int | None:
         """Logits the draft `model` computes (None: all of them)."""
@@ -190,16 +179,9 @@ class DraftOptions:
 
     def build(self, target: "Target", params: SamplerParams,
               n_ctx: int) -> tuple[Drafter | None, DraftPolicy | None]:
-        """(drafter, policy) for requests on target; (None, None) for plain decoding."""
-        if not self.enabled:
-            return None, None
-        policy = self.length_policy()
-        drafter = self.drafter or make_drafter(
-            self.drafter_kind, target, params, draft_model=self.model, draft_p=policy.p_min, n_ctx=n_ctx,
-            lookup_ngram_min=self.lookup_ngram_min, lookup_ngram_max=self.lookup_ngram_max,
-            draft_vocab=self.draft_vocab(self.model), lookup_copy_ratio=self.lookup_copy_ratio,
-            retokenize=self.retokenize, suffix_store=self.suffix_store)
-        return drafter, policy
+        """(drafter, policy) for requests on target; (None, None) for plain decoding
+        (DraftPlan.build)."""
+        return DraftPlan(self, target).build(params, n_ctx)
 
 
 @dataclass(frozen=True)
@@ -214,22 +196,27 @@ class Completion:
 
 
 class Runner:
-    """What requests run on: one target session (its own KV cache), the drafter and policy
-    of `draft`, one random generator (`seed`; None: fresh entropy) and the end-of-generation
-    ids.  A conversation keeps one Runner for all its turns; the server one per request.
-    `store`: the SuffixStore its requests draft from and are remembered in (or None)."""
+    """What requests run on: one target session (its own KV cache), the drafting plan of
+    `draft` (api/plan.py: the drafter and policy built from it, chosen per request), one random
+    generator (`seed`; None: fresh entropy) and the end-of-generation ids.  A conversation
+    keeps one Runner for all its turns; the server one per request.  `store`: the SuffixStore
+    its requests draft from and are remembered in (or None)."""
 
     def __init__(self, model: "Target", params: SamplerParams, draft: DraftOptions = DraftOptions(),
                  *, seed: int | None = None, ignore_eos: bool = False, n_ctx: int | None = None,
                  session: Session | None = None):
-        self.model, self.params = model, params
+        self.model, self.params, self.seeded = model, params, seed is not None
         self.rng = NumpyRandom.from_seed(seed)
         self.eog = frozenset() if ignore_eos else model.tokenizer.eog_ids
         self.n_ctx = int(n_ctx or model.n_ctx)
         self.target = session if session is not None else model.session(self.n_ctx)
-        self.drafter, self.policy = draft.build(model, params, self.n_ctx)
+        self.plan = DraftPlan(draft, model)
+        self.drafter, self.policy = self.plan.build(params, self.n_ctx)
         self.options, self._base = draft, (self.drafter, self.policy)
         self.tree_k = draft.tree
+        self.prediction: list[int] | None = None
+        self.load: Load | None = None                  # the server's batch (DraftPlan.request)
+        self.clock = time.perf_counter                 # the speculative loop's (tests inject one)
         self.constraint: Constraint | None = None      # the last request's matcher (its mask_s, n_masks)
         self.store = draft.suffix_store if draft.suffix_store is not None else getattr(self.drafter, "store", None)
         if self.store is not None:
@@ -240,8 +227,8 @@ class Runner:
         user's own draft, OpenAI's `prediction`; text in the target's tokens, or ids), the
         options' drafting where it has nothing to offer (drafters.PredictionDrafter); None:
         back to the options' drafting alone.  With no length setting (or no other drafting)
-        the length is adaptive in 0..DRAFT_N_MAX: predictions hold for long runs."""
-        self.drafter, self.policy = self._base
+        the length is the plan's in 0..DRAFT_N_MAX: predictions hold for long runs."""
+        self.prediction = None
         if prediction is None:
             return
         ids = (self.model.tokenizer.encode(prediction, special=False, bos=False, eos=False, continued=True)
@@ -249,12 +236,15 @@ class Runner:
         n_vocab = int(self.model.config.n_vocab)
         if any(not 0 <= t < n_vocab for t in ids):
             raise ConfigError(f"prediction: token ids must be in 0..{n_vocab - 1}")
-        self.drafter = PredictionDrafter(ids, n_vocab, fallback=self.drafter)
-        if self.tree_k > 1:
-            self.policy = self.policy or make_policy("threshold", SEED_N, SEED_P)
-        elif self.policy is None or self.options.auto:
-            self.policy = make_policy("adaptive", DRAFT_N_MAX, growth_prior=verify_growth(),
-                                      stop_after=AUTO_STOP_AFTER)
+        self.prediction = ids
+
+    def plan_request(self, prompt_len: int, n_predict: int) -> None:
+        """The drafter and policy of the coming request (DraftPlan.request); `self.plan.choice`
+        says what the defaults chose and why."""
+        self.drafter, self.policy = self.plan.request(
+            self._base, prompt_len=prompt_len, n_predict=n_predict, greedy=self.params.greedy,
+            seeded=self.seeded, n_vocab=int(self.model.config.n_vocab), tree_k=self.tree_k,
+            prediction=self.prediction, load=self.load)
 
     def remember(self, prompt_ids: Sequence[int], ids: Sequence[int], key=None) -> None:
         """A finished request's prompt and answer go into the suffix store, if there is one
@@ -272,11 +262,12 @@ class Runner:
             raise ContextOverflowError(
                 f"prompt of {len(prompt_ids)} tokens does not fit --ctx-size {self.n_ctx}")
         self.constraint = c = self.compile(constraint)
+        self.plan_request(len(prompt_ids), n_predict)
         if self.drafter is None:
             return plain_steps(self.target, prompt_ids, n_predict, self.params, self.rng,
                                self.eog, on_token, n_keep=n_keep, constraint=c)
         return speculative_steps(self.target, self.drafter, prompt_ids, n_predict, self.params,
-                                 self.rng, self.eog, self.policy, on_token, trace, n_keep=n_keep,
+                                 self.rng, self.eog, self.policy, on_token, trace, self.clock, n_keep=n_keep,
                                  tree_k=self.tree_k, constraint=c)
 
     def compile(self, constraint: "ConstraintSpec | Constraint | None") -> "Constraint | None":

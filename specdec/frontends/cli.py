@@ -246,6 +246,8 @@ def _summary(out, a, plain=None) -> None:
     if a.verbose and s is not None:
         for line in detail_lines(out):
             _progress(line)
+        if s.plan:
+            _progress(f"specdec: drafting {s.plan}")
         for name, d in (s.by_drafter or {}).items():
             _progress(f"specdec: drafter {name}: {d.n_steps} steps, accepted {d.n_accepted}/{d.n_drafted}, "
                       f"predicted acceptance {d.predicted_acceptance:.1%} vs measured {d.measured_acceptance:.1%}")

@@ -122,6 +122,7 @@ class SpecStats:
     tokens_per_s: float                 # n_generated / decode time
     by_drafter: dict[str, DrafterStats] | None = None   # per Draft.source, steps with n_max > 0
     mean_draft_n: float = 0.0           # mean n the policy asked for (before budget caps)
+    plan: str = ""                      # the drafting plan's choice and why (first step; last step)
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class DraftPolicy:
     default to doing nothing."""
     n_max: int              # the largest n next_n ever returns
     p_min: float = 0.0      # confidence floor for model drafters (0: never stop early)
+    reason: str = ""        # why the last next_n chose what it did (the trace's `plan`)
 
     def next_n(self) -> int:
         raise NotImplementedError

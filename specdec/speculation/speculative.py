@@ -29,7 +29,7 @@ asked before each step, told the outcome and the measured draft / verify times a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Collection, Sequence
 
 import numpy as np
@@ -82,7 +82,7 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
     if n_keep == 0:
         drafter.reset()
     policy.reset()
-    ctx, ids, steps, stop = list(prompt_ids), [], [], "n_predict"
+    ctx, ids, steps, stop, why = list(prompt_ids), [], [], "n_predict", []
     t0 = clock()
     if len(ctx) - 1 > keep and n_predict > 0:
         yield Eval(target, ctx[keep:-1], True)            # the last prompt id opens step 0
@@ -97,6 +97,7 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
         key = drafter.key(ctx)
         policy.prepare(key)                               # what kind of draft comes next
         asked = policy.next_n()
+        why[1:] = [getattr(policy, "reason", "")]        # the plan's reasons: first step's, last step's
         if int(asked) != asked or not 0 <= asked <= policy.n_max:
             raise ValueError(f"draft policy asked for {asked} tokens, outside 0..{policy.n_max}")
         n_max = min(asked, n_predict - len(ids) - 1, room)
@@ -148,7 +149,7 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
             trace.write(step_record(len(steps) - 1, len(ctx), drafted, q_rows, p_rows, res,
                                     emitted, stop == "eog", steps[-1].draft_s, steps[-1].verify_s,
                                     branch=branch[0], n_branches=branch[1], n_nodes=n_drafted,
-                                    source=source, experts=woken))
+                                    source=source, experts=woken, plan=getattr(policy, "reason", "")))
         ids += emitted
         ctx += emitted
         if constraint is not None and constraint.done and stop == "n_predict":
@@ -156,6 +157,7 @@ def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[in
     t2 = clock()
     timings = make_timings(t1 - t0, t2 - t1, len(ids))
     stats = spec_stats(steps, policy.n_max, len(ids), timings.tokens_per_s)
+    stats = replace(stats, plan=" ... last step: ".join(dict.fromkeys(w for w in why if w)))
     return GenerationResult(ids, len(prompt_ids), timings, stop, stats)
 
 

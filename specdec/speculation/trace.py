@@ -40,8 +40,10 @@ class StepRecord:
     source: str = ""                    # who drafted: Draft.source ('' in old traces)
     experts: tuple[int, ...] = ()       # MoE target: distinct experts the verification pass woke,
                                         # per layer (() for a dense target and in old traces)
+    plan: str = ""                      # why the policy drafted this length ('' in old traces and
+                                        # for fixed policies; the first step: the request's plan too)
 
-    OPTIONAL = ("branch", "n_branches", "n_nodes", "source", "experts")     # fields older traces lack
+    OPTIONAL = ("branch", "n_branches", "n_nodes", "source", "experts", "plan")     # fields older traces lack
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), allow_nan=False)
@@ -58,7 +60,7 @@ class StepRecord:
 def step_record(step: int, n_context: int, drafted: Sequence[int], q: np.ndarray, p: np.ndarray,
                 result: VerifyResult, emitted: Sequence[int], eog: bool,
                 draft_s: float, verify_s: float, *, branch: int = 0, n_branches: int = 1,
-                n_nodes: int | None = None, source: str = "", experts=()) -> StepRecord:
+                n_nodes: int | None = None, source: str = "", experts=(), plan: str = "") -> StepRecord:
     """q (n, V) the draft's rows, p (n+1, V) the target's rows of one step (of a tree step:
     those of the verified branch, `branch` of n_branches, n_nodes tokens drafted in all)."""
     n = len(drafted)
@@ -77,7 +79,7 @@ def step_record(step: int, n_context: int, drafted: Sequence[int], q: np.ndarray
         emitted=tuple(int(t) for t in emitted), eog=bool(eog),
         draft_s=float(draft_s), verify_s=float(verify_s), branch=int(branch),
         n_branches=int(n_branches), n_nodes=int(n if n_nodes is None else n_nodes),
-        source=str(source), experts=tuple(int(e) for e in experts))
+        source=str(source), experts=tuple(int(e) for e in experts), plan=str(plan))
 
 
 def _floats(a: np.ndarray) -> tuple[float, ...]:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from ...api.plan import DraftPlan
 from ...generation.sampling import SamplerParams
 from .logprobs import MAX_TOP
 from .scheduler import Job, Scheduler
@@ -91,17 +92,11 @@ def make_job(scheduler: Scheduler, config: ServeConfig, body: CommonRequest, ids
         top_k=d.top_k if body.top_k is None else body.top_k,
         top_p=d.top_p if body.top_p is None else body.top_p,
         min_p=d.min_p if body.min_p is None else body.min_p)
-    draft = scheduler.draft
-    if body.draft is not None:
-        kind = None if body.draft == "none" else body.draft
-        if kind in ("model", "hybrid") and config.draft_model is None:
-            raise ApiError(400, f"draft {kind!r} needs a draft model: start the server with -md",
-                           param="draft")
-        # "none": plain decoding (kind None with a draft model would mean the defaults)
-        draft = (replace(draft, kind=None, model=None, drafter=None, suffix_store=None)
-                 if kind is None else replace(draft, kind=kind, model=config.draft_model, drafter=None))
-    if body.draft_n is not None:
-        draft = replace(draft, n=body.draft_n)
+    kind = None if body.draft in (None, "none") else body.draft
+    if kind in ("model", "hybrid") and config.draft_model is None:
+        raise ApiError(400, f"draft {kind!r} needs a draft model: start the server with -md",
+                       param="draft")
+    draft = DraftPlan.for_request(scheduler.draft, body.draft, body.draft_n, config.draft_model)
     n = next((x for x in (body.max_tokens, body.max_completion_tokens, body.n_predict)
               if x is not None), config.n_predict)
     limit = config.max_tokens_limit

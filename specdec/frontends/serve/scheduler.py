@@ -29,15 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ...engine.model import eval_batch
-from ...speculation.drafters import PredictionDrafter, PromptLookupDrafter, SuffixDrafter
-from ...speculation.drafters.prediction import SOURCE as PREDICTED
 from ...errors import ConfigError, SpecdecError
 from ...generation.interfaces import Eval, EvalTree, GenerationResult, run_eval
+from ...api.plan import Load
 from ...api.request import DraftOptions, Runner
 from ...generation.sampling import SamplerParams
 from ...text.tokenizer import StreamDecoder
 
-from .underload import DraftCaps, LazyPrefill, LoadCappedPolicy
+from .underload import DraftCaps
 from .logprobs import RowCursor, TokenLogprob, token_logprob
 from .metrics import Metrics
 from .tokenlog import TokenLog
@@ -323,15 +322,7 @@ class Scheduler:
             runner = Runner(self.model, job.params, job.draft, seed=job.seed,
                             ignore_eos=job.ignore_eos, n_ctx=self.n_ctx, session=self.sessions[slot])
             runner.predict(job.prediction)
-            free = (PromptLookupDrafter, SuffixDrafter)     # drafts that cost ~nothing
-            base = runner.drafter.fallback if isinstance(runner.drafter, PredictionDrafter) else runner.drafter
-            lookup = base is None or isinstance(base, free)
-            if runner.drafter is not None and not lookup:
-                runner.drafter = LazyPrefill(runner.drafter)
-            if runner.policy is not None and job.params.greedy:
-                runner.policy = LoadCappedPolicy(
-                    runner.policy, lambda key: self.caps.cap(self.batch_size, lookup or str(key).startswith(PREDICTED)),
-                    self._count_capped)
+            runner.load = Load(lambda free: self.caps.cap(self.batch_size, free), self._count_capped)
             text = _TextTracker(self.model.tokenizer, job.stop)
             if job.logprobs is not None and runner.tree_k > 1:
                 # a tree pass's logits rows are its nodes, not the emitted tokens in order

@@ -21,13 +21,24 @@ class HybridDrafter(Drafter):
     Which one drafts is a function of the context alone (never of the rng), so each draft is
     still x ~ q for the q it reports.  The model drafter's cache is not touched on lookup
     steps: its next `propose` rolls back to the common prefix with the context and evaluates
-    everything it missed in one batch (ModelDrafter's lazy catch-up)."""
+    everything it missed in one batch (ModelDrafter's lazy catch-up).
 
-    def __init__(self, lookup: PromptLookupDrafter | SuffixDrafter, model: ModelDrafter):
+    use_model: False drafts with the lookup alone (the drafting plan's choice for a request,
+    api/plan.py); wait: a request's first steps (after `prefill`), until its answer has this
+    many tokens, draft with the lookup only (key 'wait' when it has no match), so that the
+    draft model's prompt pass never delays the first token and a short answer never pays it
+    (0: the model from the first step, its prompt pass in `prefill`)."""
+
+    WAIT = "wait"
+
+    def __init__(self, lookup: PromptLookupDrafter | SuffixDrafter, model: ModelDrafter, *,
+                 use_model: bool = True, wait: int = 0):
         if lookup.n_vocab != model.n_vocab:
             raise ValueError(f"hybrid drafter: lookup over {lookup.n_vocab} ids, model over {model.n_vocab}")
         self.lookup, self.model, self.n_vocab = lookup, model, model.n_vocab
+        self.use_model, self.wait = bool(use_model), int(wait)
         self._by: Drafter | None = None               # who made the last proposal
+        self._emitted: int | None = None              # tokens of the request's answer so far
 
     @property
     def store(self):
@@ -38,6 +49,7 @@ class HybridDrafter(Drafter):
         self.lookup.reset()
         self.model.reset()
         self._by = None
+        self._emitted = None
 
     def constrain(self, constraint) -> None:
         self.constraint = constraint
@@ -47,12 +59,17 @@ class HybridDrafter(Drafter):
     def key(self, context_ids: Sequence[int]) -> str:
         """The lookup's key when it matches, else the model's."""
         hit = self.lookup.match(context_ids)
-        return self.lookup.key_of(hit) if hit else self.model.source
+        if hit:
+            return self.lookup.key_of(hit)
+        return self.model.source if self._model_now() else self.WAIT
+
+    def _model_now(self) -> bool:
+        return self.use_model and (self.wait <= 0 or (self._emitted or 0) >= self.wait)
 
     def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
         draft = self.lookup.propose(context_ids, n_max, rng)
         self._by = self.lookup
-        if not draft.tokens and n_max > 0:
+        if not draft.tokens and n_max > 0 and self._model_now():
             draft = self.model.propose(context_ids, n_max, rng)
             self._by = self.model
         return draft
@@ -60,15 +77,18 @@ class HybridDrafter(Drafter):
     def propose_tree(self, context_ids: Sequence[int], n_max: int, k: int, rng: Rng) -> DraftTree:
         tree = self.lookup.propose_tree(context_ids, n_max, k, rng)
         self._by = self.lookup
-        if not tree.tokens and n_max > 0:
+        if not tree.tokens and n_max > 0 and self._model_now():
             tree = self.model.propose_tree(context_ids, n_max, k, rng)
             self._by = self.model
         return tree
 
     def prefill(self, context_ids: Sequence[int]) -> None:
-        self.model.prefill(context_ids)
+        self._emitted = 0
+        if self.use_model and self.wait <= 0:
+            self.model.prefill(context_ids)
 
     def accept(self, n_accepted: int, next_token: int) -> None:
+        self._emitted = (self._emitted or 0) + n_accepted + 1
         if self._by is not None:
             self._by.accept(n_accepted, next_token)
         self._by = None

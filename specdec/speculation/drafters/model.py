@@ -37,13 +37,23 @@ class ModelDrafter(Drafter):
     proposes an id the target lacks, and q stays the exact law of the drafted tokens.  The
     same holds when the draft session computes fewer logits (Session n_logits, --draft-vocab):
     q lives on ids 0..n_logits-1, a cheaper draft that can never propose the rarer ids.
+
+    window: the draft sees the context from `origin` on only, origin = the first proposal's
+    context length less window (None: the whole context): its prompt pass is at most window
+    tokens, whatever the prompt's length; a function of counts alone.  lazy: `prefill` does
+    nothing, the first `propose` catches the cache up instead (the same draft logits bit for
+    bit: row independence).  Neither changes the output law: the draft only proposes.
     """
 
     source = "model"
 
     def __init__(self, session: Session, params: SamplerParams, draft_p: float = 0.0,
-                 n_vocab: int | None = None):
+                 n_vocab: int | None = None, *, window: int | None = None, lazy: bool = False):
         check_draft_p(draft_p)
+        if window is not None and int(window) < 1:
+            raise ValueError(f"draft window must be >= 1 token, got {window}")
+        self.window, self.lazy = (None if window is None else int(window)), bool(lazy)
+        self.origin: int | None = None                      # where the draft's view starts
         self.session, self.params, self.draft_p = session, params, float(draft_p)
         self.n_vocab = int(n_vocab if n_vocab is not None else session.n_vocab)
         self._shared = min(self.n_vocab, session.n_logits)   # ids it may propose
@@ -53,9 +63,18 @@ class ModelDrafter(Drafter):
     def reset(self) -> None:
         self.cache.reset()
         self._last = None
+        self.origin = None
+
+    def view(self, context_ids: Sequence[int]) -> list[int]:
+        """The part of the context the draft sees (class docstring: window)."""
+        if self.origin is None:
+            self.origin = 0 if self.window is None else max(0, len(context_ids) - self.window)
+        if self.origin > len(context_ids):                 # a shorter context: start again
+            self.origin = 0 if self.window is None else max(0, len(context_ids) - self.window)
+        return list(context_ids[self.origin:])
 
     def propose(self, context_ids: Sequence[int], n_max: int, rng: Rng) -> Draft:
-        ctx = list(context_ids)
+        ctx = self.view(context_ids)
         # room: the context plus every drafted token but the last must fit the draft cache
         n_max = min(n_max, self.session.n_ctx - len(ctx) + 1)
         self._last = (len(ctx), ())
@@ -96,7 +115,7 @@ class ModelDrafter(Drafter):
         is continued as `propose` continues, up to n_max tokens in all, one branch after
         the other on the draft cache.  The first tokens do not wait for confidence draft_p
         (covering the draft's doubt is what the branches are for); their continuations do."""
-        ctx = list(context_ids)
+        ctx = self.view(context_ids)
         n_max = min(n_max, self.session.n_ctx - len(ctx) + 1)
         self._last = None                                          # accept: nothing to roll back
         if n_max <= 0 or not ctx or k <= 1:
@@ -149,8 +168,10 @@ class ModelDrafter(Drafter):
 
     def prefill(self, context_ids: Sequence[int]) -> None:
         """Evaluate the context but its last id, in the prompt phase (as the target does), so
-        that the first `propose` only feeds that id."""
-        ctx = list(context_ids)
+        that the first `propose` only feeds that id (lazy: nothing, see the class docstring)."""
+        if self.lazy:
+            return
+        ctx = self.view(context_ids)
         keep = self.cache.keep(ctx, len(ctx) - 1)
         if len(ctx) - 1 > keep:
             self.cache.eval(ctx[keep:-1])
