@@ -1,9 +1,8 @@
 """Q8_K activation quantization (the ``vec_dot_type`` of every K-quant in ggml).
 
 Each row of x is cut into super-blocks of 256 values; each block becomes a float32 scale
-``d``, 256 int8 codes in [-127, 127] and the sums of the codes per 16 (``bsums``, int16
-in ggml), stored here multiplied by d as float32 (``bsum · d``, one rounding: the kernels
-use them only scaled, see kquants_ir):
+``d``, 256 int8 codes in [-127, 127] and the sums of the codes per 16 (``bsums``, int16 as
+in ggml: exact, |bsum| ≤ 2032; the kernels reduce the mins with them in integers):
 
     max    = the value of largest magnitude (the first one on ties; inputs are finite)
     iscale = -127 / max            (float32; note the sign: max itself maps to -127)
@@ -19,7 +18,7 @@ Storage, for the SIMD kernels (kquants_ir):
                                     inside a block *lane-major*: byte 64k + 4L + i holds
                                     the code of value 16L + 4k + i (k < 4, L < 16, i < 4)
     d     float32 (K/256, M)
-    bsd   float32 (K/256, M, 16)    bsd L = d · (the sum of the codes of values 16L … 16L+15)
+    bsum  int16   (K/256, M, 16)    bsum L = the sum of the codes of values 16L … 16L+15
 ``natural_order`` turns qs back into (M, K) codes in value order.
 """
 from __future__ import annotations
@@ -33,7 +32,7 @@ from .formats import QK_K
 @njit(cache=True, nogil=True)
 def quantize_row_q8_k(x, m, xq, xd, xbs, tmp):
     """Quantize row m.  x float32 (K,) -> xq[:, m] int8 (K/256, ·, 256) lane-major,
-    xd[:, m] float32, xbs[:, m] float32 (K/256, ·, 16) bsum · d, in place; tmp: int8 (256,) scratch.
+    xd[:, m] float32, xbs[:, m] int16 (K/256, ·, 16) code sums per 16, in place; tmp: int8 (256,) scratch.
     quantize_row_q8_K_ref."""
     xi = x.view(np.int32)                           # (K,) float bits
     tmp32 = tmp.view(np.int32)                      # (64,)
@@ -64,7 +63,7 @@ def quantize_row_q8_k(x, m, xq, xd, xbs, tmp):
             s = np.int32(0)
             for i in range(16 * g, 16 * g + 16):
                 s += np.int32(tmp[i])
-            xbs[b, m, g] = np.float32(s) * xd[b, m]
+            xbs[b, m, g] = np.int16(s)
 
 
 @njit(cache=True, nogil=True)
@@ -82,14 +81,14 @@ def _quantize_rows_parallel(x, xq, xd, xbs):
 
 def quantize_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x: float32 (M, K), K % 256 == 0 -> (qs int8 (K/256, M, 256), d float32 (K/256, M),
-    bsums · d float32 (K/256, M, 16)), laid out as in the module docstring."""
+    bsums int16 (K/256, M, 16)), laid out as in the module docstring."""
     if x.ndim != 2 or x.shape[1] % QK_K:
         raise ValueError(f"Q8_K needs a (M, K) array with K a multiple of {QK_K}, got {x.shape}")
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
     xq = np.empty((k // QK_K, m, QK_K), np.int8)
     xd = np.empty((k // QK_K, m), np.float32)
-    xbs = np.empty((k // QK_K, m, 16), np.float32)
+    xbs = np.empty((k // QK_K, m, 16), np.int16)
     (_quantize_rows_parallel if m > 1 and m * k >= 16384 else _quantize_rows)(x, xq, xd, xbs)
     return xq, xd, xbs
 

@@ -5,7 +5,7 @@ Slow and obvious on purpose: the integer parts of a quantized block as ggml's
 The tests compare the kernels with these bit for bit.
 
     kquant_parts(qtype, w)          K-quant rows -> codes u, group scales sc and mins mn, d, dmin, off
-    kquant_dot(qtype, w, x)         out (M, N) of the K-quant × Q8_K contract (kquants_ir)
+    kquant_dot(qtype, w, x)         out (M, N) of the K-quant × Q8_K contract (ggml's integer order)
     legacy_parts(qtype, w)          Q4_0 … Q8_0 rows -> signed codes, d, m per block of 32
     legacy_dot(qtype, w, x)         out (M, N) of the legacy × Q8_0/Q8_1 contract (legacy_ir)
     float_dot(w, x)                 out (M, N) of the float-weight contract (32 lanes, fixed tree)
@@ -120,32 +120,35 @@ def fma32(a, b, c) -> np.ndarray:
 
 
 def kquant_dot(qtype: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """out (M, N) float32 = x (M, K) · Wᵀ by the K-quant contract (kquants_ir): x quantized
-    to Q8_K (q8k.py: codes xq, scale dx, bsd[g] = float(Σ codes of group g)·dx); per (m, n)
-    16 float32 lanes, one per scale group g, from 0, super-block b ascending:
-        dot[g] = Σ_{v∈g} u_v·xq_v                         (exact integer)
-        acc[g] = fma(float(dot[g]), (float(sc[g])·d)·dx, acc[g])
-        acc[g] = fma(bias[g], bsd[g], acc[g])   bias = float(mn[g])·(−dmin), or (float(sc[g])·d)·(−off)
-    then out = the lanes folded pairwise: (g, g+8), (g, g+4), (g, g+2), (g, g+1)."""
+    """out (M, N) float32 = x (M, K) · Wᵀ by the K-quant contract, ggml's integer order
+    (ggml_vec_dot_qX_K_q8_K): x quantized to Q8_K (q8k.py: codes xq, scale dx); per (m, n)
+    one float32 accumulator from 0, super-block b ascending, the 16 groups g of 16 values:
+        dot[g]  = Σ_{v∈g} u_v·xq_v,   bsum[g] = Σ_{v∈g} xq_v                 (exact integers)
+        isum    = Σ_g sc[g]·(dot[g] − off·bsum[g])                           (exact int32)
+        imin    = Σ_g mn[g]·bsum[g]                                          (Q2_K, Q4_K, Q5_K)
+        acc     = fma(float32(isum), d·dx, acc)
+        acc     = fma(float32(imin), −(dmin·dx), acc)                        (Q2_K, Q4_K, Q5_K)
+    d·dx and dmin·dx are float32 products (one rounding each); float32(i) rounds to nearest
+    even (cvtdq2ps).  Every path, layout and M computes exactly this."""
     parts = kquant_parts(qtype, w)
-    xq, xd, xbs = quantize_q8_k(np.ascontiguousarray(x, np.float32))
+    xq, xd, _ = quantize_q8_k(np.ascontiguousarray(x, np.float32))
     m, n, nb = x.shape[0], w.shape[0], xd.shape[0]
     codes = natural_order(xq).astype(np.int64).reshape(m, nb, 16, 16)      # (M, b, g, 16)
-    u = parts.u.astype(np.int64).reshape(n, nb, 16, 16)
-    dots = np.einsum("mbgi,nbgi->mnbg", codes, u).astype(np.float32)       # exact (< 2^24)
-    acc = np.zeros((m, n, 16), np.float32)
+    u = parts.u.astype(np.int64).reshape(n, nb, 16, 16)                    # (N, b, g, 16)
+    dots = np.einsum("mbgi,nbgi->mnbg", codes, u)                          # (M, N, b, g)
+    bsum = codes.sum(axis=-1)                                              # (M, b, g)
+    sc = parts.sc.astype(np.int64)                                         # (N, b, g)
+    isum = (sc[None] * (dots - parts.off * bsum[:, None])).sum(-1)         # (M, N, b)
+    assert np.abs(isum).max(initial=0) < 2**31
+    acc = np.zeros((m, n), np.float32)
     for b in range(nb):
-        scd = parts.sc[:, b].astype(np.float32) * parts.d[:, b, None]      # (N, 16)
+        ddx = parts.d[None, :, b] * xd[b][:, None]                          # (M, N) float32
+        acc = fma32(isum[:, :, b].astype(np.float32), ddx, acc)
         if parts.mn is not None:
-            bias = parts.mn[:, b].astype(np.float32) * -parts.dmin[:, b, None]
-        else:
-            bias = scd * np.float32(-parts.off)
-        dx = xd[b][:, None, None]                                          # (M, 1, 1)
-        acc = fma32(dots[:, :, b], scd[None] * dx, acc)
-        acc = fma32(bias[None], xbs[b][:, None, :], acc)
-    for half in (8, 4, 2, 1):
-        acc = acc[..., :half] + acc[..., half:2 * half]
-    return acc[..., 0]
+            imin = (parts.mn[None, :, b].astype(np.int64) * bsum[:, None, b]).sum(-1)   # (M, N)
+            mdx = -(parts.dmin[None, :, b] * xd[b][:, None])                # (M, N) float32
+            acc = fma32(imin.astype(np.float32), mdx, acc)
+    return acc
 
 
 # byte layout of a legacy block of 32: (fp16 fields d[, m], offset of qh or None, of qs, code offset)
