@@ -46,7 +46,7 @@ from numba.extending import intrinsic
 from .formats import FORMATS, KQUANTS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
 from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, const_vector, dpbusd_chain,
                  f16_to_f32, fma_v16f32, have_f16c, have_vnni512, load_bytes, prefetch, shuffle,
-                 shuffle2, splat_v16f32, switch_static)
+                 shuffle2, switch_static)
 
 PREFETCH_BLOCKS = 8  # rows of a static-M pass prefetch this many super-blocks ahead
 PASS_ROWS = 64  # M > MAX_STATIC_M: weight rows per pass (~55-320 KB of them stay in L2 while ...
@@ -76,20 +76,12 @@ def _lanes(builder, words, index, shift, mask: int):
 class Decoded(NamedTuple):
     """One super-block in registers (lane-major, see the module docstring)."""
     u: list            # 4 × <16 x i32> (= <64 x u8>): V_k, unsigned codes
-    scd: ir.Value      # <16 x float>: d · sc[L]
-    bias: ir.Value     # <16 x float>: −dmin · mn[L], or −off · d · sc[L]
+    sc: ir.Value       # <16 x i32>: the integer scale of group L
+    mn: ir.Value       # <16 x i32>: the integer min of group L (Q2_K, Q4_K, Q5_K), else None
+    d: ir.Value        # float: the super-block scale
+    dmin: ir.Value     # float: the super-block min scale, or None
+    off: int           # q = u − off (32 Q6_K, 4 Q3_K, else 0)
     u_max: int         # the largest code: 2^bits − 1 (bounds the AVX2 path's i16 sums)
-
-
-def _decoded(builder, u, sc, d, mn=None, dmin=None, off: int = 0, u_max: int = 63) -> Decoded:
-    """Decoded from the codes u, the integer scales sc (and mins mn) as <16 x i32> lanes and
-    the float super-block scales d (and dmin); every product here is exact."""
-    scd = builder.fmul(builder.sitofp(sc, V16F32), splat_v16f32(builder, d))
-    if mn is not None:
-        bias = builder.fmul(builder.sitofp(mn, V16F32), splat_v16f32(builder, builder.fneg(dmin)))
-    else:
-        bias = builder.fmul(scd, ir.Constant(V16F32, float(-off)))
-    return Decoded(u, scd, bias, u_max)
 
 
 def k4_scales(builder, p, off: int):
@@ -118,7 +110,7 @@ def _decode_q4_k(builder, p, f16c):
     sc, mn = k4_scales(builder, p, 4)
     d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
     dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin, u_max=15)
+    return Decoded(u, sc, mn, d, dmin, 0, 15)
 
 
 def _decode_q5_k(builder, p, f16c):
@@ -136,7 +128,7 @@ def _decode_q5_k(builder, p, f16c):
     sc, mn = k4_scales(builder, p, 4)
     d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
     dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin, u_max=31)
+    return Decoded(u, sc, mn, d, dmin, 0, 31)
 
 
 def _hsl(L: int) -> tuple[int, int, int]:
@@ -160,7 +152,7 @@ def _decode_q6_k(builder, p, f16c):
         u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
     sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
     d = f16_to_f32(builder, load_bytes(builder, p, 208, I16), f16c)
-    return _decoded(builder, u, sc, d, off=32, u_max=63)
+    return Decoded(u, sc, None, d, None, 32, 63)
 
 
 def _crumbs(builder, qs, k: int):
@@ -193,7 +185,7 @@ def _decode_q3_k(builder, p, f16c):
     sc6 = builder.or_(lo, builder.shl(hi, ir.Constant(V16, 4)))
     sc = builder.sub(builder.zext(sc6, V16I32), _splat_i32(32))
     d = f16_to_f32(builder, load_bytes(builder, p, 108, I16), f16c)
-    return _decoded(builder, u, sc, d, off=4, u_max=7)
+    return Decoded(u, sc, None, d, None, 4, 7)
 
 
 def _decode_q2_k(builder, p, f16c):
@@ -206,7 +198,7 @@ def _decode_q2_k(builder, p, f16c):
     mn = builder.zext(builder.lshr(sm, ir.Constant(sm.type, 4)), V16I32)
     d = f16_to_f32(builder, load_bytes(builder, p, 80, I16), f16c)
     dmin = f16_to_f32(builder, load_bytes(builder, p, 82, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin, u_max=3)
+    return Decoded(u, sc, mn, d, dmin, 0, 3)
 
 
 DECODERS: dict[int, Callable] = {           # qtype -> super-block decoder
@@ -245,7 +237,7 @@ def _decode_q4_k_r(builder, p, f16c):
     sc, mn = k4_scales(builder, p, 4)
     d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
     dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin, u_max=15)
+    return Decoded(u, sc, mn, d, dmin, 0, 15)
 
 
 def _decode_q5_k_r(builder, p, f16c):
@@ -261,7 +253,7 @@ def _decode_q5_k_r(builder, p, f16c):
     sc, mn = k4_scales(builder, p, 4)
     d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
     dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin, u_max=31)
+    return Decoded(u, sc, mn, d, dmin, 0, 31)
 
 
 def _decode_q6_k_r(builder, p, f16c):
@@ -276,7 +268,7 @@ def _decode_q6_k_r(builder, p, f16c):
         u.append(_v16(builder, *halves))
     sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
     d = f16_to_f32(builder, load_bytes(builder, p, 208, I16), f16c)
-    return _decoded(builder, u, sc, d, off=32, u_max=63)
+    return Decoded(u, sc, None, d, None, 32, 63)
 
 
 REPACKED_DECODERS: dict[int, Callable] = {  # qtype -> decoder of its repacked super-block
@@ -286,50 +278,84 @@ REPACKED_DECODERS: dict[int, Callable] = {  # qtype -> decoder of its repacked s
 
 # --------------------------------------------------------------------------- intrinsics
 
-def _emit_update(builder, dec: Decoded, u8, vnni: bool, x, m, b, acc):
-    """acc (<16 x float>) + the contribution of decoded block b to activation row m."""
-    row = builder.add(builder.mul(b, x.M), m)                   # (b, m) in the block-major x
-    xv = [builder.load(builder.gep(x.q, [builder.add(builder.mul(row, I64(QK_K)), I64(64 * k))],
-                                   source_etype=I8), typ=V64I8, align=1) for k in range(4)]
-    dot = dpbusd_chain(builder, vnni, u8, xv, dec.u_max)
-    dx = splat_v16f32(builder, builder.load(builder.gep(x.d, [row], source_etype=F32)))
-    bsd = builder.load(builder.gep(x.bs, [builder.mul(row, I64(16))], source_etype=F32),
-                       typ=V16F32, align=4)
-    acc = fma_v16f32(builder, builder.sitofp(dot, V16F32), builder.fmul(dec.scd, dx), acc)
-    return fma_v16f32(builder, dec.bias, bsd, acc)
-
-
-def _lane_sum(builder, v):
-    """Σ of the 16 lanes in a fixed pairwise order: (l, l+8), (l, l+4), (l, l+2), (l, l+1)."""
-    for half in (8, 4, 2, 1):
-        v = builder.fadd(shuffle(builder, v, range(half)),
-                         shuffle(builder, v, range(half, 2 * half)))
-    return builder.extract_element(v, I32(0))
-
-
 class _Q8K(NamedTuple):
     """Data pointers of the Q8_K activations (block-major, see q8k.py) and their sizes."""
     q: ir.Value      # i8*  codes (K/256, M, 256)
     d: ir.Value      # f32* scales (K/256, M)
-    bs: ir.Value     # f32* bsums · d (K/256, M, 16)
+    bs: ir.Value     # i16* code sums per 16 (K/256, M, 16)
     M: ir.Value
     nblk: ir.Value   # K/256
+
+
+def _x_block(builder, x: _Q8K, m, b):
+    """Activation row m of super-block b: its four code vectors, bsum lanes (<16 x i32>), dx."""
+    row = builder.add(builder.mul(b, x.M), m)                   # (b, m) in the block-major x
+    xv = [builder.load(builder.gep(x.q, [builder.add(builder.mul(row, I64(QK_K)), I64(64 * k))],
+                                   source_etype=I8), typ=V64I8, align=1) for k in range(4)]
+    bs = builder.load(builder.gep(x.bs, [builder.mul(row, I64(16))], source_etype=I16),
+                      typ=ir.VectorType(I16, 16), align=2)
+    return xv, builder.sext(bs, V16I32), builder.load(builder.gep(x.d, [row], source_etype=F32))
+
+
+def _int_lanes(builder, dec: Decoded, u8, vnni: bool, xv, bsum):
+    """Lanes L of isum = sc·(dot − off·bsum) and of imin = mn·bsum (or None), exact int32."""
+    dot = dpbusd_chain(builder, vnni, u8, xv, dec.u_max)
+    if dec.off:
+        dot = builder.sub(dot, builder.shl(bsum, _splat_i32(dec.off.bit_length() - 1)))
+    imin = None if dec.mn is None else builder.mul(dec.mn, bsum)
+    return builder.mul(dec.sc, dot), imin
+
+
+def _pair_sum(builder, p, q, level: int):
+    """p, q: 2^level sources each, source i in lanes i·w … i·w + w − 1 (w = 16 >> level) ->
+    2^(level+1) sources in blocks of w/2 lanes, p's first: each block's two halves added."""
+    w = 16 >> level
+    first = [i * w + j for i in range(1 << level) for j in range(w // 2)]
+    idx = first + [16 + i for i in first]
+    return builder.add(shuffle2(builder, p, q, idx), shuffle2(builder, p, q, [i + w // 2 for i in idx]))
+
+
+class _LaneSums:
+    """Horizontal integer sums of up to 16 <16 x i32> vectors as one: push(v_j) in order, then
+    result() has lane j = Σ_l v_j[l] (a transpose-and-add; pairs combine as soon as they exist,
+    so at most four partial vectors are live)."""
+
+    def __init__(self, builder):
+        self.b, self.stack, self.n = builder, [], 0
+
+    def push(self, v, level: int = 0):
+        while self.stack and self.stack[-1][0] == level:
+            v, level = _pair_sum(self.b, self.stack.pop()[1], v, level), level + 1
+        self.stack.append((level, v))
+        self.n += level == 0
+
+    def result(self):
+        while len(self.stack) > 1 or self.stack[0][0] < 4:
+            self.push(_splat_i32(0))
+        return self.stack[0][1]
+
+
+def _lanes_of(builder, values):
+    """<16 x float> with lane j = values[j] (floats; missing lanes 0)."""
+    v = ir.Constant(V16F32, 0.0)
+    for j, s in enumerate(values):
+        v = builder.insert_element(v, s, I32(j))
+    return v
 
 
 def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x: _Q8K, out, N,
                 c, n_chunks):
     """out (f32* (M, N)) rows n = lo … hi−1 of chunk c of n_chunks.
 
-    M <= MAX_STATIC_M: one code path per M (a switch): row after row, the M accumulators of
-    16 lanes in registers, each super-block decoded once and used for the M rows of x
-    (verification batches: the weights are read once, nothing goes through memory).
-    M > MAX_STATIC_M (prompt processing): for each slice of PASS_ROWS weight rows (55-320 KB
-    of Q4_K at the Qwen shapes: they stay in L2), the static path of PASS_M activation rows
-    at a time (the last group smaller), so every update keeps its accumulators in registers;
-    each super-block is decoded once per PASS_M rows instead of once per M (one L1 scratch
-    for all M rows was slower: docs/architecture.md, "Tuned constants").
-    Both paths do the same float operations per (n, m); _lane_sum folds the lanes into
-    out[m, n]."""
+    M <= MAX_STATIC_M: one code path per M (a switch), the accumulators in registers, each
+    super-block decoded once and used for the M rows of x (verification batches: the weights
+    are read once, nothing goes through memory).  M > MAX_STATIC_M (prompt processing): for
+    each slice of PASS_ROWS weight rows (they stay in L2), the static path of PASS_M
+    activation rows at a time (the last group smaller); each super-block is decoded once per
+    PASS_M rows instead of once per M (docs/architecture.md, "Tuned constants").
+    A static path of ms rows takes R = 16 // ms weight rows at a time (one at the tail): the
+    isum / imin lanes of its R·ms pairs (r, m) are summed horizontally together (_LaneSums,
+    lane r·ms + m), and the two FMAs of the contract run on all of them in one vector op."""
     M, nblk = x.M, x.nblk
     lo = builder.sdiv(builder.mul(c, N), n_chunks)
     hi = builder.sdiv(builder.mul(builder.add(c, I64(1)), N), n_chunks)
@@ -342,26 +368,56 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x:
         dec = decode(builder, p)
         return dec, [builder.bitcast(v, V64I8) for v in dec.u]
 
-    def out_ptr(m, n):
-        return builder.gep(out, [builder.add(builder.mul(m, N), n)], source_etype=F32)
-
     def smaller(a, b):
         return builder.select(builder.icmp_signed("<", a, b), a, b)
 
+    def block(n, rr: int, ms: int, m0, b, accs):
+        """Super-block b of weight rows n … n+rr−1 against activation rows m0 … m0+ms−1."""
+        xs = [_x_block(builder, x, builder.add(m0, I64(j)), b) for j in range(ms)]
+        pairs = [(r, j) for r in range(rr) for j in range(ms)]
+        isums = [_LaneSums(builder) for _ in accs]
+        imins = [_LaneSums(builder) for _ in accs]
+        decs = []
+        for r in range(rr):
+            dec, u8 = decoded(builder.add(n, I64(r)), b, PREFETCH_BLOCKS * block_bytes)
+            decs.append(dec)
+            for j, (xv, bsum, _) in enumerate(xs):
+                isum, imin = _int_lanes(builder, dec, u8, vnni, xv, bsum)
+                isums[(r * ms + j) // 16].push(isum)
+                if imin is not None:
+                    imins[(r * ms + j) // 16].push(imin)
+        for a, acc in enumerate(accs):
+            part = pairs[16 * a:16 * a + 16]
+            dx = _lanes_of(builder, [xs[j][2] for r, j in part])
+            ddx = builder.fmul(_lanes_of(builder, [decs[r].d for r, j in part]), dx)
+            v = fma_v16f32(builder, builder.sitofp(isums[a].result(), V16F32), ddx, builder.load(acc))
+            if decs[0].mn is not None:
+                mdx = builder.fmul(_lanes_of(builder, [builder.fneg(decs[r].dmin) for r, j in part]), dx)
+                v = fma_v16f32(builder, builder.sitofp(imins[a].result(), V16F32), mdx, v)
+            builder.store(v, acc)
+
+    def rows_group(n, rr: int, ms: int, m0):
+        """Weight rows n … n+rr−1 against activation rows m0 … m0+ms−1 into out."""
+        accs = [cgutils.alloca_once(builder, V16F32) for _ in range(-(-rr * ms // 16))]
+        for a in accs:
+            builder.store(ir.Constant(V16F32, 0.0), a)
+        with cgutils.for_range(builder, nblk) as blk:
+            block(n, rr, ms, m0, blk.index, accs)
+        for i in range(rr * ms):
+            r, j = divmod(i, ms)
+            p = builder.gep(out, [builder.add(builder.mul(builder.add(m0, I64(j)), N),
+                                              builder.add(n, I64(r)))], source_etype=F32)
+            builder.store(builder.extract_element(builder.load(accs[i // 16]), I32(i % 16)), p)
+
     def rows_static(ms: int, m0=I64(0), n_lo=lo, n_hi=hi):
-        """Rows n_lo … n_hi−1 against activation rows m0 … m0+ms−1, ms known here: the ms
-        accumulators live in registers, each super-block is decoded once for all of them."""
-        accs = [cgutils.alloca_once(builder, V16F32) for _ in range(ms)]
-        with cgutils.for_range_slice(builder, n_lo, n_hi, I64(1)) as (n, _):
-            for a in accs:
-                builder.store(ir.Constant(V16F32, 0.0), a)
-            with cgutils.for_range(builder, nblk) as blk:
-                dec, u8 = decoded(n, blk.index, PREFETCH_BLOCKS * block_bytes)
-                for j, a in enumerate(accs):
-                    builder.store(_emit_update(builder, dec, u8, vnni, x, builder.add(m0, I64(j)),
-                                               blk.index, builder.load(a)), a)
-            for j, a in enumerate(accs):
-                builder.store(_lane_sum(builder, builder.load(a)), out_ptr(builder.add(m0, I64(j)), n))
+        """Rows n_lo … n_hi−1 against activation rows m0 … m0+ms−1, ms known here."""
+        rr = max(1, 16 // ms)
+        n_mid = builder.sub(n_hi, builder.srem(builder.sub(n_hi, n_lo), I64(rr)))
+        with cgutils.for_range_slice(builder, n_lo, n_mid, I64(rr)) as (n, _):
+            rows_group(n, rr, ms, m0)
+        if rr > 1:
+            with cgutils.for_range_slice(builder, n_mid, n_hi, I64(1)) as (n, _):
+                rows_group(n, 1, ms, m0)
 
     few = builder.icmp_signed("<=", M, I64(MAX_STATIC_M))
     with builder.if_else(few) as (single, multi):
