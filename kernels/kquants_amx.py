@@ -39,7 +39,7 @@ from numba.extending import intrinsic
 from . import amx
 from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
 from .ir import F32, I32, I64, V16F32, V16I32, fma_v16f32, have_f16c, load_at, shuffle2, splat, store_at
-from .kquants_ir import DECODERS, REPACKED_DECODERS
+from .kquants_decode import DECODERS, REPACKED_DECODERS
 
 ROWS = 16                       # weight rows per tile (the 16 rows of A and C)
 M_TILE = 16                     # activation rows per B tile (the 16 int32 columns of C)

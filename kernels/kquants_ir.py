@@ -1,42 +1,41 @@
 """K-quant × Q8_K matmul kernels: SIMD super-block code as Numba intrinsics, prange drivers.
 
 Plain Numba cannot keep a decoded weight block in vector registers across a loop over the
-activation rows (and its byte stores followed by wide loads stall on store forwarding), so
-the work of one thread is written in portable LLVM vector IR: ``make_chunk_kernel(qtype)``
--> ``kernel(w, xq, xd, xbs, out, c, n_chunks)`` computes the output rows of chunk c;
-each weight super-block is decoded into registers once and used for up to 17 activation
-rows (more in passes of PASS_M rows over PASS_ROWS weight rows that stay in L2).
-The ``matmul_<fmt>`` drivers below run the chunks under prange.
+activation rows, so the work of one thread is written in portable LLVM vector IR:
+``make_chunk_kernel(qtype)`` -> ``kernel(w, xq, xd, xbs, out, c, n_chunks)`` computes the
+output rows of chunk c; each weight super-block is decoded into registers once
+(kquants_decode.py) and used for up to 17 activation rows (more in passes of PASS_M rows
+over PASS_ROWS weight rows that stay in L2).  The ``matmul_<fmt>`` drivers run the chunks
+under prange.
 
-Lane-major layout.  Lane L (0…15) of the 16 int32 lanes is the scale group L, i.e. the
-values 16L … 16L+15 of the super-block (every K-quant scale covers 16 or 32 values).  The
-four 64-byte vectors V_k (k = 0…3) hold in lane L the values 16L+4k … 16L+4k+3; Q8_K codes
-are stored in the same order (see q8k.py), so four chained ``vpdpbusd`` (u8 × s8 -> int32,
-4 products per lane) leave in lane L the exact integer dot of group L, and each scale is
-applied once per lane (ggml_vec_dot_qX_K_q8_K: int32 sums per sub-block, then scales):
+The contract (reference.kquant_dot, ggml_vec_dot_qX_K_q8_K's integer order).  Lane L of the
+16 int32 lanes is scale group L (values 16L … 16L+15); the four code vectors V_k hold in
+lane L the values 16L+4k … 16L+4k+3, as the Q8_K codes do (q8k.py), so four chained
+``vpdpbusd`` (u8 × s8 -> int32) leave in lane L the exact dot of group L.  Then, per weight
+row n, activation row m and super-block, in exact int32 lanes (``vpmulld``):
 
-    dot[L]  = Σ_{i∈L} u_i · xq_i           u: unsigned weight codes (0 … 2^bits − 1)
-    acc[L] += dot[L] · (scd[L] · dx)  +  bias[L] · bsd[L]
-    scd = d·sc;  bias = −dmin·mn (Q4_K, Q5_K, Q2_K)  or  −off·d·sc (Q6_K, Q3_K: q = u − off)
+    isum[L] = sc[L] · (dot[L] − off · bsum[L])      off = 32 (Q6_K), 4 (Q3_K), else 0
+    imin[L] = mn[L] · bsum[L]                       (Q2_K, Q4_K, Q5_K)
 
-bsd[L] = bsum[L] · dx is stored with the activations (q8k.py), and scd, bias are per weight
-super-block, shared by all M rows, so each activation row costs four ``vpdpbusd``, one int
--> float conversion, one multiply and two fused multiply-adds per super-block: the per-row
-work is what a verification batch of M rows adds to the one weight read.  scd and bias are
-exact (integers below 2^8 times an f16), the lanes of dot are exact int32 below 2^17
-(bounds in the decoders), so the conversion is exact; ggml_vec_dot_qX_K_q8_K computes the
-same sum with the two terms grouped differently (d·dx · Σ sc·dot − dmin·dx · Σ mn·bsum).
-The float operations per (n, m) are this fixed sequence, whatever M and the other rows hold:
-acc = 0; for each super-block in order, per lane, acc = fma(float(dot), scd·dx, acc) then
-acc = fma(bias, bsd, acc); out[m, n] = the 16 lanes summed pairwise, (l, l+8), (l, l+4),
-(l, l+2), (l, l+1) (``_lane_sum``).
-Arrays (C-contiguous):  w uint8 (N, row_bytes) raw GGUF rows;  the Q8_K activations in the
-block-major layout of q8k.py: xq int8 (K/256, M, 256) lane-major codes in [-127, 127],
-xd float32 (K/256, M), xbs float32 (K/256, M, 16) per-16 code sums times xd;  out float32 (M, N).
+bsum = the exact per-16 code sums of q8k.py (int16).  The 16 lanes are summed horizontally
+in integers, exact in any order: a path of ms activation rows takes R = 16 // ms weight rows
+at a time and sums the R·ms vectors together by a transpose-and-add (_LaneSums; lane
+r·ms + m of the result is the pair (n + r, m)), so the float step of the contract runs on up
+to 16 pairs in one vector operation, per super-block in order:
+
+    acc = fma(float(isum), d·dx, acc);   acc = fma(float(imin), −(dmin·dx), acc)
+
+d·dx and dmin·dx are float32 products of the same operands as the reference's, so every
+(n, m) sees the same float operations whatever M, R and the other rows are; out[m, n] = acc.
+|isum| < 2^31 (bounds in kquants_decode), float(isum) rounds as cvtdq2ps.
+
+Arrays (C-contiguous):  w uint8 (N, row_bytes) GGUF or kquants_repack rows;  the Q8_K
+activations in the block-major layout of q8k.py: xq int8 (K/256, M, 256) lane-major codes in
+[-127, 127], xd float32 (K/256, M), xbs int16 (K/256, M, 16) per-16 code sums;  out float32 (M, N).
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from llvmlite import ir
 from numba import njit, prange, types
@@ -44,237 +43,14 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .formats import FORMATS, KQUANTS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
-from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, const_vector, dpbusd_chain,
-                 f16_to_f32, fma_v16f32, have_f16c, have_vnni512, load_bytes, prefetch, shuffle,
-                 shuffle2, switch_static)
+from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_chain, f16_to_f32,
+                 fma_v16f32, have_f16c, have_vnni512, prefetch, shuffle2, switch_static)
+from .kquants_decode import DECODERS, REPACKED_DECODERS, Decoded, k4_scales  # noqa: F401 (their home before)
 
 PREFETCH_BLOCKS = 8  # rows of a static-M pass prefetch this many super-blocks ahead
 PASS_ROWS = 64  # M > MAX_STATIC_M: weight rows per pass (~55-320 KB of them stay in L2 while ...
 PASS_M = 8      # ... each group of PASS_M activation rows runs the static path over them)
 MAX_STATIC_M = 17  # up to this many activation rows (draft-n 16 + 1), one kernel path per M keeps them in registers
-
-LANES = range(16)
-
-
-# ---------------------------------------------------------------------------- IR helpers
-
-def _splat_i32(value: int) -> ir.Constant:
-    return ir.Constant(V16I32, value)
-
-
-def _lanes(builder, words, index, shift, mask: int):
-    """(words[index[L]] >> shift[L]) & mask for the 16 lanes: a dword gather (vpermd /
-    vpermt2d), a per-lane shift (vpsrlvd) and a byte-wise mask."""
-    v = shuffle(builder, words, index)
-    if any(shift):
-        v = builder.lshr(v, const_vector(I32, shift))
-    return builder.and_(v, _splat_i32(mask))
-
-
-# ------------------------------------------------------------------------ block decoders
-
-class Decoded(NamedTuple):
-    """One super-block in registers (lane-major, see the module docstring)."""
-    u: list            # 4 × <16 x i32> (= <64 x u8>): V_k, unsigned codes
-    sc: ir.Value       # <16 x i32>: the integer scale of group L
-    mn: ir.Value       # <16 x i32>: the integer min of group L (Q2_K, Q4_K, Q5_K), else None
-    d: ir.Value        # float: the super-block scale
-    dmin: ir.Value     # float: the super-block min scale, or None
-    off: int           # q = u − off (32 Q6_K, 4 Q3_K, else 0)
-    u_max: int         # the largest code: 2^bits − 1 (bounds the AVX2 path's i16 sums)
-
-
-def k4_scales(builder, p, off: int):
-    """12-byte 6-bit scale / min packing of Q4_K and Q5_K (get_scale_min_k4) -> lanes
-    (sc, mn) of <16 x i32>, sub-block j's values in lanes 2j and 2j+1."""
-    V4 = ir.VectorType(I8, 4)
-    a, b, c = (load_bytes(builder, p, off + 4 * i, V4) for i in range(3))
-    cst = {v: ir.Constant(V4, v) for v in (2, 4, 15, 0x30, 63)}
-    sc_lo, mn_lo = builder.and_(a, cst[63]), builder.and_(b, cst[63])
-    sc_hi = builder.or_(builder.and_(c, cst[15]), builder.and_(builder.lshr(a, cst[2]), cst[0x30]))
-    mn_hi = builder.or_(builder.lshr(c, cst[4]), builder.and_(builder.lshr(b, cst[2]), cst[0x30]))
-
-    def lanes(lo, hi):
-        both = builder.shuffle_vector(lo, hi, const_vector(I32, range(8)))    # sub-blocks 0 … 7
-        return shuffle(builder, builder.zext(both, ir.VectorType(I32, 8)), [L // 2 for L in LANES])
-    return lanes(sc_lo, sc_hi), lanes(mn_lo, mn_hi)
-
-
-def _decode_q4_k(builder, p, f16c):
-    """block_q4_K (144 B): d, dmin (f16), scales[12], qs[128] (dequantize_row_q4_K).
-    Sub-block j = lanes 2j, 2j+1; its value l is nibble j%2 of qs[32(j//2) + l].
-    u ≤ 15, sc, mn ≤ 63: |dot| ≤ 16·15·127 < 2^15."""
-    qs = load_bytes(builder, p, 16, ir.VectorType(I32, 32))
-    u = [_lanes(builder, qs, [8 * (L // 4) + 4 * (L % 2) + k for L in LANES],
-                [4 * ((L // 2) % 2) for L in LANES], 0x0F0F0F0F) for k in range(4)]
-    sc, mn = k4_scales(builder, p, 4)
-    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return Decoded(u, sc, mn, d, dmin, 0, 15)
-
-
-def _decode_q5_k(builder, p, f16c):
-    """block_q5_K (176 B): d, dmin, scales[12], qh[32], qs[128] (dequantize_row_q5_K).
-    As Q4_K plus 16 · bit j of qh[l].  u ≤ 31: |dot| ≤ 16·31·127 < 2^16."""
-    qs = load_bytes(builder, p, 48, ir.VectorType(I32, 32))
-    qh = load_bytes(builder, p, 16, ir.VectorType(I32, 8))
-    u = []
-    for k in range(4):
-        lo = _lanes(builder, qs, [8 * (L // 4) + 4 * (L % 2) + k for L in LANES],
-                    [4 * ((L // 2) % 2) for L in LANES], 0x0F0F0F0F)
-        hi = _lanes(builder, qh, [4 * (L % 2) + k for L in LANES], [L // 2 for L in LANES],
-                    0x01010101)
-        u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
-    sc, mn = k4_scales(builder, p, 4)
-    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return Decoded(u, sc, mn, d, dmin, 0, 31)
-
-
-def _hsl(L: int) -> tuple[int, int, int]:
-    """Group L of the Q2_K / Q3_K / Q6_K layouts: values 128h + 32s + 16t + (0…15)."""
-    return L // 8, (L % 8) // 2, L % 2
-
-
-def _decode_q6_k(builder, p, f16c):
-    """block_q6_K (210 B): ql[128], qh[64], scales[16] int8, d (dequantize_row_q6_K).
-    Value 128h + 32s + l: nibble s//2 of ql[64h + 32(s%2) + l] | bits 2s of qh[32h + l] << 4,
-    q = u − 32, u ≤ 63: |dot| ≤ 16·63·127 < 2^17."""
-    ql = load_bytes(builder, p, 0, ir.VectorType(I32, 32))
-    qh = load_bytes(builder, p, 128, V16I32)
-    u = []
-    for k in range(4):
-        hsl = [_hsl(L) for L in LANES]
-        lo = _lanes(builder, ql, [16 * h + 8 * (s % 2) + 4 * t + k for h, s, t in hsl],
-                    [4 * (s // 2) for h, s, t in hsl], 0x0F0F0F0F)
-        hi = _lanes(builder, qh, [8 * h + 4 * t + k for h, s, t in hsl], [2 * s for h, s, t in hsl],
-                    0x03030303)
-        u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
-    sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
-    d = f16_to_f32(builder, load_bytes(builder, p, 208, I16), f16c)
-    return Decoded(u, sc, None, d, None, 32, 63)
-
-
-def _crumbs(builder, qs, k: int):
-    """Q2_K / Q3_K low bits: value 128h + 32s + l is (qs[32h + l] >> 2s) & 3."""
-    hsl = [_hsl(L) for L in LANES]
-    return _lanes(builder, qs, [8 * h + 4 * t + k for h, s, t in hsl], [2 * s for h, s, t in hsl],
-                  0x03030303)
-
-
-def _decode_q3_k(builder, p, f16c):
-    """block_q3_K (110 B): hmask[32], qs[64], scales[12] (6-bit, −32), d (dequantize_row_q3_K).
-    q = low − 4 unless bit 4h+s of hmask[l] is set: u = low | hbit << 2 = q + 4.
-    u ≤ 7: |dot| ≤ 16·7·127 < 2^14."""
-    qs = load_bytes(builder, p, 32, V16I32)
-    hm = load_bytes(builder, p, 0, ir.VectorType(I32, 8))
-    u = []
-    for k in range(4):
-        hsl = [_hsl(L) for L in LANES]
-        hb = _lanes(builder, hm, [4 * t + k for h, s, t in hsl], [4 * h + s for h, s, t in hsl],
-                    0x01010101)
-        u.append(builder.or_(_crumbs(builder, qs, k), builder.shl(hb, _splat_i32(2))))
-    # scale L: low nibble of byte L%8 (shifted by 4·(L//8)) | 2 bits of byte 8 + L%4 << 4
-    V16 = ir.VectorType(I8, 16)
-    lo8 = load_bytes(builder, p, 96, ir.VectorType(I8, 8))
-    lo = builder.and_(builder.lshr(shuffle(builder, lo8, [L % 8 for L in LANES]),
-                                   const_vector(I8, [4 * (L // 8) for L in LANES])), ir.Constant(V16, 15))
-    hi4 = load_bytes(builder, p, 104, ir.VectorType(I8, 4))
-    hi = builder.and_(builder.lshr(shuffle(builder, hi4, [L % 4 for L in LANES]),
-                                   const_vector(I8, [2 * (L // 4) for L in LANES])), ir.Constant(V16, 3))
-    sc6 = builder.or_(lo, builder.shl(hi, ir.Constant(V16, 4)))
-    sc = builder.sub(builder.zext(sc6, V16I32), _splat_i32(32))
-    d = f16_to_f32(builder, load_bytes(builder, p, 108, I16), f16c)
-    return Decoded(u, sc, None, d, None, 4, 7)
-
-
-def _decode_q2_k(builder, p, f16c):
-    """block_q2_K (84 B): scales[16] (scale | min << 4), qs[64], d, dmin (dequantize_row_q2_K).
-    u ≤ 3, sc, mn ≤ 15: |dot| ≤ 16·3·127 < 2^13."""
-    qs = load_bytes(builder, p, 16, V16I32)
-    u = [_crumbs(builder, qs, k) for k in range(4)]
-    sm = load_bytes(builder, p, 0, ir.VectorType(I8, 16))
-    sc = builder.zext(builder.and_(sm, ir.Constant(sm.type, 15)), V16I32)
-    mn = builder.zext(builder.lshr(sm, ir.Constant(sm.type, 4)), V16I32)
-    d = f16_to_f32(builder, load_bytes(builder, p, 80, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 82, I16), f16c)
-    return Decoded(u, sc, mn, d, dmin, 0, 3)
-
-
-DECODERS: dict[int, Callable] = {           # qtype -> super-block decoder
-    Q2_K: _decode_q2_k, Q3_K: _decode_q3_k, Q4_K: _decode_q4_k, Q5_K: _decode_q5_k,
-    Q6_K: _decode_q6_k,
-}
-
-
-# ------------------------------------------------- decoders of repacked blocks
-
-V32I8 = ir.VectorType(I8, 32)
-
-
-def _byte_shift(builder, v, by: int):
-    """v << by (by > 0) or v >> −by, bytewise (<32 x i8>)."""
-    if by > 0:
-        return builder.shl(v, ir.Constant(V32I8, by))
-    return builder.lshr(v, ir.Constant(V32I8, -by)) if by < 0 else v
-
-
-def _nibbles(builder, p, off: int, k: int):
-    """(low nibbles, high nibbles) of the 32 bytes at off + 32k: lanes 0-7 and 8-15 of V_k."""
-    c = load_bytes(builder, p, off + 32 * k, V32I8)
-    return (builder.and_(c, ir.Constant(V32I8, 15)),
-            builder.and_(builder.lshr(c, ir.Constant(V32I8, 4)), ir.Constant(V32I8, 15)))
-
-
-def _v16(builder, lo, hi):
-    """Two <32 x i8> halves -> one <16 x i32> V_k (lanes 0-7, 8-15)."""
-    return builder.bitcast(shuffle2(builder, lo, hi, list(range(64))), V16I32)
-
-
-def _decode_q4_k_r(builder, p, f16c):
-    """Repacked block_q4_K (kquants_repack.py): header as stored, qs in the V_k order."""
-    u = [_v16(builder, *_nibbles(builder, p, 16, k)) for k in range(4)]
-    sc, mn = k4_scales(builder, p, 4)
-    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return Decoded(u, sc, mn, d, dmin, 0, 15)
-
-
-def _decode_q5_k_r(builder, p, f16c):
-    """Repacked block_q5_K: qs as Q4_K's, bit 2k + h of qh byte j = the fifth bit of
-    byte j of half h of V_k."""
-    qh = load_bytes(builder, p, 16, V32I8)
-    u = []
-    for k in range(4):
-        halves = [builder.or_(nib, builder.and_(_byte_shift(builder, qh, 4 - (2 * k + h)),
-                                                ir.Constant(V32I8, 0x10)))
-                  for h, nib in enumerate(_nibbles(builder, p, 48, k))]
-        u.append(_v16(builder, *halves))
-    sc, mn = k4_scales(builder, p, 4)
-    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return Decoded(u, sc, mn, d, dmin, 0, 31)
-
-
-def _decode_q6_k_r(builder, p, f16c):
-    """Repacked block_q6_K: ql in the V_k order (as Q4_K's qs), crumb k of qh byte
-    32h + j = the two high bits of byte j of half h of V_k."""
-    qh = [load_bytes(builder, p, 128 + 32 * h, V32I8) for h in range(2)]
-    u = []
-    for k in range(4):
-        halves = [builder.or_(nib, builder.and_(_byte_shift(builder, qh[h], 4 - 2 * k),
-                                                ir.Constant(V32I8, 0x30)))
-                  for h, nib in enumerate(_nibbles(builder, p, 0, k))]
-        u.append(_v16(builder, *halves))
-    sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
-    d = f16_to_f32(builder, load_bytes(builder, p, 208, I16), f16c)
-    return Decoded(u, sc, None, d, None, 32, 63)
-
-
-REPACKED_DECODERS: dict[int, Callable] = {  # qtype -> decoder of its repacked super-block
-    Q4_K: _decode_q4_k_r, Q5_K: _decode_q5_k_r, Q6_K: _decode_q6_k_r,
-}
-
 
 # --------------------------------------------------------------------------- intrinsics
 
@@ -301,7 +77,7 @@ def _int_lanes(builder, dec: Decoded, u8, vnni: bool, xv, bsum):
     """Lanes L of isum = sc·(dot − off·bsum) and of imin = mn·bsum (or None), exact int32."""
     dot = dpbusd_chain(builder, vnni, u8, xv, dec.u_max)
     if dec.off:
-        dot = builder.sub(dot, builder.shl(bsum, _splat_i32(dec.off.bit_length() - 1)))
+        dot = builder.sub(dot, builder.shl(bsum, ir.Constant(V16I32, dec.off.bit_length() - 1)))
     imin = None if dec.mn is None else builder.mul(dec.mn, bsum)
     return builder.mul(dec.sc, dot), imin
 
@@ -331,7 +107,7 @@ class _LaneSums:
 
     def result(self):
         while len(self.stack) > 1 or self.stack[0][0] < 4:
-            self.push(_splat_i32(0))
+            self.push(ir.Constant(V16I32, 0))
         return self.stack[0][1]
 
 
