@@ -44,7 +44,7 @@ from numba.extending import intrinsic
 
 from .formats import FORMATS, KQUANTS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
 from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_chain, f16_to_f32,
-                 fma_v16f32, have_f16c, have_vnni512, prefetch, shuffle2, switch_static)
+                 fma_v16f32, have_avx2, have_f16c, have_vnni512, prefetch, shuffle2, switch_static)
 from .kquants_decode import DECODERS, REPACKED_DECODERS, Decoded, k4_scales  # noqa: F401 (their home before)
 
 PREFETCH_BLOCKS = 8  # rows of a static-M pass prefetch this many super-blocks ahead
@@ -73,13 +73,35 @@ def _x_block(builder, x: _Q8K, m, b):
     return xv, builder.sext(bs, V16I32), builder.load(builder.gep(x.d, [row], source_etype=F32))
 
 
+def _mul_short(builder, vnni: bool, a, b):
+    """a·b per int32 lane, exact, for |a| < 2^15 and 0 <= b < 2^15: ``vpmaddwd`` on the lanes
+    as int16 pairs (a's low half times b's, a's high half times b's zero high half), one
+    uop where ``vpmulld`` takes two; AVX2: on 256-bit halves; otherwise a multiply."""
+    if not (vnni or have_avx2()):
+        return builder.mul(a, b)
+    w = 16 if vnni else 8
+    vi16, vi32 = ir.VectorType(I16, 2 * w), ir.VectorType(I32, w)
+    name = "llvm.x86.avx512.pmaddw.d.512" if vnni else "llvm.x86.avx2.pmadd.wd"
+    fn = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(vi32, [vi16, vi16]))
+    halves = [builder.call(fn, [builder.bitcast(shuffle2(builder, a, a, range(i, i + w)), vi16),
+                                builder.bitcast(shuffle2(builder, b, b, range(i, i + w)), vi16)])
+              for i in range(0, 16, w)]
+    return halves[0] if vnni else shuffle2(builder, halves[0], halves[1], range(16))
+
+
 def _int_lanes(builder, dec: Decoded, u8, vnni: bool, xv, bsum):
-    """Lanes L of isum = sc·(dot − off·bsum) and of imin = mn·bsum (or None), exact int32."""
+    """Lanes L of isum = sc·(dot − off·bsum) and of imin = mn·bsum (or None), exact int32.
+    |bsum| ≤ 16·127 and 0 ≤ mn < 64: imin by _mul_short; so isum where |dot − off·bsum| < 2^15
+    (Q2_K, Q3_K, Q4_K; Q3_K's signed sc times the difference with its high half cleared)."""
     dot = dpbusd_chain(builder, vnni, u8, xv, dec.u_max)
     if dec.off:
         dot = builder.sub(dot, builder.shl(bsum, ir.Constant(V16I32, dec.off.bit_length() - 1)))
-    imin = None if dec.mn is None else builder.mul(dec.mn, bsum)
-    return builder.mul(dec.sc, dot), imin
+    imin = None if dec.mn is None else _mul_short(builder, vnni, bsum, dec.mn)
+    if 16 * 127 * max(dec.off, dec.u_max - dec.off) >= 2**15:
+        return builder.mul(dec.sc, dot), imin                       # Q5_K, Q6_K: vpmulld
+    if dec.off:
+        return _mul_short(builder, vnni, dec.sc, builder.and_(dot, ir.Constant(V16I32, 0xFFFF))), imin
+    return _mul_short(builder, vnni, dot, dec.sc), imin
 
 
 def _pair_sum(builder, p, q, level: int):
