@@ -47,7 +47,7 @@ from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_chain, f1
                  fma_v16f32, have_avx2, have_f16c, have_vnni512, prefetch, shuffle2, switch_static)
 from .kquants_decode import DECODERS, REPACKED_DECODERS, Decoded, k4_scales  # noqa: F401 (their home before)
 
-PREFETCH_BLOCKS = 8  # rows of a static-M pass prefetch this many super-blocks ahead
+PREFETCH_BLOCKS = 8  # a path of one weight row at a time prefetches this many super-blocks ahead
 PASS_ROWS = 64  # M > MAX_STATIC_M: weight rows per pass (~55-320 KB of them stay in L2 while ...
 PASS_M = 8      # ... each group of PASS_M activation rows runs the static path over them)
 MAX_STATIC_M = 17  # up to this many activation rows (draft-n 16 + 1), one kernel path per M keeps them in registers
@@ -158,11 +158,12 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x:
     lo = builder.sdiv(builder.mul(c, N), n_chunks)
     hi = builder.sdiv(builder.mul(builder.add(c, I64(1)), N), n_chunks)
 
-    def decoded(n, b, ahead=0):
+    def decoded(n, b, ahead):
+        """Block b of row n decoded; the block ``ahead`` bytes further on prefetched."""
         off = builder.add(builder.mul(n, row_bytes), builder.mul(b, I64(block_bytes)))
         p = builder.gep(wp, [off], source_etype=I8)
-        for line in range(0, block_bytes + 64, 64) if ahead else ():
-            prefetch(builder, builder.gep(p, [I64(ahead + line)], source_etype=I8))
+        for line in range(0, block_bytes + 64, 64):
+            prefetch(builder, builder.gep(p, [builder.add(ahead, I64(line))], source_etype=I8))
         dec = decode(builder, p)
         return dec, [builder.bitcast(v, V64I8) for v in dec.u]
 
@@ -176,8 +177,11 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x:
         isums = [_LaneSums(builder) for _ in accs]
         imins = [_LaneSums(builder) for _ in accs]
         decs = []
+        # one row: PREFETCH_BLOCKS ahead in the row; R rows: the same block of the next R rows
+        # (a short row's blocks ahead would be the next rows', already being read)
+        ahead = I64(PREFETCH_BLOCKS * block_bytes) if rr == 1 else builder.mul(row_bytes, I64(rr))
         for r in range(rr):
-            dec, u8 = decoded(builder.add(n, I64(r)), b, PREFETCH_BLOCKS * block_bytes)
+            dec, u8 = decoded(builder.add(n, I64(r)), b, ahead)
             decs.append(dec)
             for j, (xv, bsum, _) in enumerate(xs):
                 isum, imin = _int_lanes(builder, dec, u8, vnni, xv, bsum)
