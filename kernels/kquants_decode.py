@@ -47,6 +47,14 @@ class Decoded(NamedTuple):
     dmin: ir.Value     # float: the super-block min scale, or None
     off: int           # q = u − off (32 Q6_K, 4 Q3_K, else 0)
     u_max: int         # the largest code: 2^bits − 1 (bounds the AVX2 path's i16 sums)
+    d16: ir.Value = None      # i16: the fp16 bits of d (converted many rows at once)
+    dmin16: ir.Value = None   # i16: those of dmin, or None
+
+
+def _half(builder, p, at: int, f16c: bool):
+    """(float, i16 bits) of the fp16 at byte ``at`` of p."""
+    bits = load_bytes(builder, p, at, I16)
+    return f16_to_f32(builder, bits, f16c), bits
 
 
 def k4_scales(builder, p, off: int):
@@ -73,9 +81,8 @@ def _decode_q4_k(builder, p, f16c):
     u = [_lanes(builder, qs, [8 * (L // 4) + 4 * (L % 2) + k for L in LANES],
                 [4 * ((L // 2) % 2) for L in LANES], 0x0F0F0F0F) for k in range(4)]
     sc, mn = k4_scales(builder, p, 4)
-    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return Decoded(u, sc, mn, d, dmin, 0, 15)
+    (d, d16), (dmin, dmin16) = (_half(builder, p, at, f16c) for at in (0, 2))
+    return Decoded(u, sc, mn, d, dmin, 0, 15, d16, dmin16)
 
 
 def _decode_q5_k(builder, p, f16c):
@@ -91,9 +98,8 @@ def _decode_q5_k(builder, p, f16c):
                     0x01010101)
         u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
     sc, mn = k4_scales(builder, p, 4)
-    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return Decoded(u, sc, mn, d, dmin, 0, 31)
+    (d, d16), (dmin, dmin16) = (_half(builder, p, at, f16c) for at in (0, 2))
+    return Decoded(u, sc, mn, d, dmin, 0, 31, d16, dmin16)
 
 
 def _hsl(L: int) -> tuple[int, int, int]:
@@ -116,8 +122,8 @@ def _decode_q6_k(builder, p, f16c):
                     0x03030303)
         u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
     sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
-    d = f16_to_f32(builder, load_bytes(builder, p, 208, I16), f16c)
-    return Decoded(u, sc, None, d, None, 32, 63)
+    d, d16 = _half(builder, p, 208, f16c)
+    return Decoded(u, sc, None, d, None, 32, 63, d16)
 
 
 def _crumbs(builder, qs, k: int):
@@ -149,8 +155,8 @@ def _decode_q3_k(builder, p, f16c):
                                    const_vector(I8, [2 * (L // 4) for L in LANES])), ir.Constant(V16, 3))
     sc6 = builder.or_(lo, builder.shl(hi, ir.Constant(V16, 4)))
     sc = builder.sub(builder.zext(sc6, V16I32), _splat_i32(32))
-    d = f16_to_f32(builder, load_bytes(builder, p, 108, I16), f16c)
-    return Decoded(u, sc, None, d, None, 4, 7)
+    d, d16 = _half(builder, p, 108, f16c)
+    return Decoded(u, sc, None, d, None, 4, 7, d16)
 
 
 def _decode_q2_k(builder, p, f16c):
@@ -161,9 +167,8 @@ def _decode_q2_k(builder, p, f16c):
     sm = load_bytes(builder, p, 0, ir.VectorType(I8, 16))
     sc = builder.zext(builder.and_(sm, ir.Constant(sm.type, 15)), V16I32)
     mn = builder.zext(builder.lshr(sm, ir.Constant(sm.type, 4)), V16I32)
-    d = f16_to_f32(builder, load_bytes(builder, p, 80, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 82, I16), f16c)
-    return Decoded(u, sc, mn, d, dmin, 0, 3)
+    (d, d16), (dmin, dmin16) = (_half(builder, p, at, f16c) for at in (80, 82))
+    return Decoded(u, sc, mn, d, dmin, 0, 3, d16, dmin16)
 
 
 DECODERS: dict[int, Callable] = {           # qtype -> super-block decoder
@@ -200,9 +205,8 @@ def _decode_q4_k_r(builder, p, f16c):
     """Repacked block_q4_K (kquants_repack.py): header as stored, qs in the V_k order."""
     u = [_v16(builder, *_nibbles(builder, p, 16, k)) for k in range(4)]
     sc, mn = k4_scales(builder, p, 4)
-    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return Decoded(u, sc, mn, d, dmin, 0, 15)
+    (d, d16), (dmin, dmin16) = (_half(builder, p, at, f16c) for at in (0, 2))
+    return Decoded(u, sc, mn, d, dmin, 0, 15, d16, dmin16)
 
 
 def _decode_q5_k_r(builder, p, f16c):
@@ -216,9 +220,8 @@ def _decode_q5_k_r(builder, p, f16c):
                   for h, nib in enumerate(_nibbles(builder, p, 48, k))]
         u.append(_v16(builder, *halves))
     sc, mn = k4_scales(builder, p, 4)
-    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return Decoded(u, sc, mn, d, dmin, 0, 31)
+    (d, d16), (dmin, dmin16) = (_half(builder, p, at, f16c) for at in (0, 2))
+    return Decoded(u, sc, mn, d, dmin, 0, 31, d16, dmin16)
 
 
 def _decode_q6_k_r(builder, p, f16c):
@@ -232,8 +235,8 @@ def _decode_q6_k_r(builder, p, f16c):
                   for h, nib in enumerate(_nibbles(builder, p, 0, k))]
         u.append(_v16(builder, *halves))
     sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
-    d = f16_to_f32(builder, load_bytes(builder, p, 208, I16), f16c)
-    return Decoded(u, sc, None, d, None, 32, 63)
+    d, d16 = _half(builder, p, 208, f16c)
+    return Decoded(u, sc, None, d, None, 32, 63, d16)
 
 
 REPACKED_DECODERS: dict[int, Callable] = {  # qtype -> decoder of its repacked super-block

@@ -133,16 +133,26 @@ class _LaneSums:
         return self.stack[0][1]
 
 
-def _lanes_of(builder, values):
-    """<16 x float> with lane j = values[j] (floats; missing lanes 0)."""
-    v = ir.Constant(V16F32, 0.0)
-    for j, s in enumerate(values):
-        v = builder.insert_element(v, s, I32(j))
-    return v
+def _lanes_of(builder, values, pattern):
+    """<16 x T> with lane j = values[pattern[j]] (lanes past the pattern: values[0]): the
+    distinct values inserted once, then one shuffle."""
+    v = ir.Constant(ir.VectorType(values[0].type, len(values)), None)
+    for i, s in enumerate(values):
+        v = builder.insert_element(v, s, I32(i))
+    return shuffle2(builder, v, v, list(pattern) + [0] * (16 - len(pattern)))
 
 
-def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x: _Q8K, out, N,
-                c, n_chunks):
+def _scales(builder, decs, field: str, pattern, f16c: bool):
+    """<16 x float>: lane j = the scale ``field`` (d or dmin) of row pattern[j]; with F16C
+    from the fp16 bits of all rows in one conversion (the same value, exactly)."""
+    if f16c:
+        bits = _lanes_of(builder, [getattr(dec, field + "16") for dec in decs], pattern)
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 16)), V16F32)
+    return _lanes_of(builder, [getattr(dec, field) for dec in decs], pattern)
+
+
+def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, f16c: bool, wp, row_bytes, x: _Q8K,
+                out, N, c, n_chunks):
     """out (f32* (M, N)) rows n = lo … hi−1 of chunk c of n_chunks.
 
     M <= MAX_STATIC_M: one code path per M (a switch), the accumulators in registers, each
@@ -190,11 +200,11 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x:
                     imins[(r * ms + j) // 16].push(imin)
         for a, acc in enumerate(accs):
             part = pairs[16 * a:16 * a + 16]
-            dx = _lanes_of(builder, [xs[j][2] for r, j in part])
-            ddx = builder.fmul(_lanes_of(builder, [decs[r].d for r, j in part]), dx)
+            dx = _lanes_of(builder, [x_[2] for x_ in xs], [j for r, j in part])
+            ddx = builder.fmul(_scales(builder, decs, "d", [r for r, j in part], f16c), dx)
             v = fma_v16f32(builder, builder.sitofp(isums[a].result(), V16F32), ddx, builder.load(acc))
             if decs[0].mn is not None:
-                mdx = builder.fmul(_lanes_of(builder, [builder.fneg(decs[r].dmin) for r, j in part]), dx)
+                mdx = builder.fmul(builder.fneg(_scales(builder, decs, "dmin", [r for r, j in part], f16c)), dx)
                 v = fma_v16f32(builder, builder.sitofp(imins[a].result(), V16F32), mdx, v)
             builder.store(v, acc)
 
@@ -258,8 +268,8 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
             x = _Q8K(xqa.data, xda.data, xbsa.data, M, nblk)
             N = cgutils.unpack_tuple(builder, outa.shape, 2)[1]
             row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
-            _emit_chunk(builder, decode, block_bytes, vnni, wa.data, row_bytes, x, outa.data, N,
-                        c_, nc)
+            _emit_chunk(builder, decode, block_bytes, vnni, f16c, wa.data, row_bytes, x, outa.data,
+                        N, c_, nc)
             return context.get_dummy_value()
         return sig, codegen
 
