@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 from .formats import FORMATS, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from .ir import (F32, I8, I16, I32, I64, V16F32, V16I8, V16I32, f16_to_f32, have_f16c, prefetch,
                  splat, switch_static)
-from .kquants_ir import k4_scales
+from .kquants_decode import k4_scales
 
 
 class _Row:

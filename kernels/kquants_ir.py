@@ -1,42 +1,41 @@
 """K-quant × Q8_K matmul kernels: SIMD super-block code as Numba intrinsics, prange drivers.
 
 Plain Numba cannot keep a decoded weight block in vector registers across a loop over the
-activation rows (and its byte stores followed by wide loads stall on store forwarding), so
-the work of one thread is written in portable LLVM vector IR: ``make_chunk_kernel(qtype)``
--> ``kernel(w, xq, xd, xbs, out, c, n_chunks)`` computes the output rows of chunk c;
-each weight super-block is decoded into registers once and used for up to 17 activation
-rows (more in passes of PASS_M rows over PASS_ROWS weight rows that stay in L2).
-The ``matmul_<fmt>`` drivers below run the chunks under prange.
+activation rows, so the work of one thread is written in portable LLVM vector IR:
+``make_chunk_kernel(qtype)`` -> ``kernel(w, xq, xd, xbs, out, c, n_chunks)`` computes the
+output rows of chunk c; each weight super-block is decoded into registers once
+(kquants_decode.py) and used for up to 17 activation rows (more in passes of PASS_M rows
+over PASS_ROWS weight rows that stay in L2).  The ``matmul_<fmt>`` drivers run the chunks
+under prange.
 
-Lane-major layout.  Lane L (0…15) of the 16 int32 lanes is the scale group L, i.e. the
-values 16L … 16L+15 of the super-block (every K-quant scale covers 16 or 32 values).  The
-four 64-byte vectors V_k (k = 0…3) hold in lane L the values 16L+4k … 16L+4k+3; Q8_K codes
-are stored in the same order (see q8k.py), so four chained ``vpdpbusd`` (u8 × s8 -> int32,
-4 products per lane) leave in lane L the exact integer dot of group L, and each scale is
-applied once per lane (ggml_vec_dot_qX_K_q8_K: int32 sums per sub-block, then scales):
+The contract (reference.kquant_dot, ggml_vec_dot_qX_K_q8_K's integer order).  Lane L of the
+16 int32 lanes is scale group L (values 16L … 16L+15); the four code vectors V_k hold in
+lane L the values 16L+4k … 16L+4k+3, as the Q8_K codes do (q8k.py), so four chained
+``vpdpbusd`` (u8 × s8 -> int32) leave in lane L the exact dot of group L.  Then, per weight
+row n, activation row m and super-block, in exact int32 lanes (``vpmulld``):
 
-    dot[L]  = Σ_{i∈L} u_i · xq_i           u: unsigned weight codes (0 … 2^bits − 1)
-    acc[L] += dot[L] · (scd[L] · dx)  +  bias[L] · bsd[L]
-    scd = d·sc;  bias = −dmin·mn (Q4_K, Q5_K, Q2_K)  or  −off·d·sc (Q6_K, Q3_K: q = u − off)
+    isum[L] = sc[L] · (dot[L] − off · bsum[L])      off = 32 (Q6_K), 4 (Q3_K), else 0
+    imin[L] = mn[L] · bsum[L]                       (Q2_K, Q4_K, Q5_K)
 
-bsd[L] = bsum[L] · dx is stored with the activations (q8k.py), and scd, bias are per weight
-super-block, shared by all M rows, so each activation row costs four ``vpdpbusd``, one int
--> float conversion, one multiply and two fused multiply-adds per super-block: the per-row
-work is what a verification batch of M rows adds to the one weight read.  scd and bias are
-exact (integers below 2^8 times an f16), the lanes of dot are exact int32 below 2^17
-(bounds in the decoders), so the conversion is exact; ggml_vec_dot_qX_K_q8_K computes the
-same sum with the two terms grouped differently (d·dx · Σ sc·dot − dmin·dx · Σ mn·bsum).
-The float operations per (n, m) are this fixed sequence, whatever M and the other rows hold:
-acc = 0; for each super-block in order, per lane, acc = fma(float(dot), scd·dx, acc) then
-acc = fma(bias, bsd, acc); out[m, n] = the 16 lanes summed pairwise, (l, l+8), (l, l+4),
-(l, l+2), (l, l+1) (``_lane_sum``).
-Arrays (C-contiguous):  w uint8 (N, row_bytes) raw GGUF rows;  the Q8_K activations in the
-block-major layout of q8k.py: xq int8 (K/256, M, 256) lane-major codes in [-127, 127],
-xd float32 (K/256, M), xbs float32 (K/256, M, 16) per-16 code sums times xd;  out float32 (M, N).
+bsum = the exact per-16 code sums of q8k.py (int16).  The 16 lanes are summed horizontally
+in integers, exact in any order: a path of ms activation rows takes R = 16 // ms weight rows
+at a time and sums the R·ms vectors together by a transpose-and-add (_LaneSums; lane
+r·ms + m of the result is the pair (n + r, m)), so the float step of the contract runs on up
+to 16 pairs in one vector operation, per super-block in order:
+
+    acc = fma(float(isum), d·dx, acc);   acc = fma(float(imin), −(dmin·dx), acc)
+
+d·dx and dmin·dx are float32 products of the same operands as the reference's, so every
+(n, m) sees the same float operations whatever M, R and the other rows are; out[m, n] = acc.
+|isum| < 2^31 (bounds in kquants_decode), float(isum) rounds as cvtdq2ps.
+
+Arrays (C-contiguous):  w uint8 (N, row_bytes) GGUF or kquants_repack rows;  the Q8_K
+activations in the block-major layout of q8k.py: xq int8 (K/256, M, 256) lane-major codes in
+[-127, 127], xd float32 (K/256, M), xbs int16 (K/256, M, 16) per-16 code sums;  out float32 (M, N).
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from llvmlite import ir
 from numba import njit, prange, types
@@ -44,324 +43,193 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .formats import FORMATS, KQUANTS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
-from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, const_vector, dpbusd_chain,
-                 f16_to_f32, fma_v16f32, have_f16c, have_vnni512, load_bytes, prefetch, shuffle,
-                 shuffle2, splat_v16f32, switch_static)
+from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_chain, f16_to_f32,
+                 fma_v16f32, have_avx2, have_f16c, have_vnni512, prefetch, shuffle2, switch_static)
+from .kquants_decode import DECODERS, REPACKED_DECODERS, Decoded, k4_scales  # noqa: F401 (their home before)
 
-PREFETCH_BLOCKS = 8  # rows of a static-M pass prefetch this many super-blocks ahead
+PREFETCH_BLOCKS = 8  # a path of one weight row at a time prefetches this many super-blocks ahead
 PASS_ROWS = 64  # M > MAX_STATIC_M: weight rows per pass (~55-320 KB of them stay in L2 while ...
 PASS_M = 8      # ... each group of PASS_M activation rows runs the static path over them)
 MAX_STATIC_M = 17  # up to this many activation rows (draft-n 16 + 1), one kernel path per M keeps them in registers
 
-LANES = range(16)
-
-
-# ---------------------------------------------------------------------------- IR helpers
-
-def _splat_i32(value: int) -> ir.Constant:
-    return ir.Constant(V16I32, value)
-
-
-def _lanes(builder, words, index, shift, mask: int):
-    """(words[index[L]] >> shift[L]) & mask for the 16 lanes: a dword gather (vpermd /
-    vpermt2d), a per-lane shift (vpsrlvd) and a byte-wise mask."""
-    v = shuffle(builder, words, index)
-    if any(shift):
-        v = builder.lshr(v, const_vector(I32, shift))
-    return builder.and_(v, _splat_i32(mask))
-
-
-# ------------------------------------------------------------------------ block decoders
-
-class Decoded(NamedTuple):
-    """One super-block in registers (lane-major, see the module docstring)."""
-    u: list            # 4 × <16 x i32> (= <64 x u8>): V_k, unsigned codes
-    scd: ir.Value      # <16 x float>: d · sc[L]
-    bias: ir.Value     # <16 x float>: −dmin · mn[L], or −off · d · sc[L]
-    u_max: int         # the largest code: 2^bits − 1 (bounds the AVX2 path's i16 sums)
-
-
-def _decoded(builder, u, sc, d, mn=None, dmin=None, off: int = 0, u_max: int = 63) -> Decoded:
-    """Decoded from the codes u, the integer scales sc (and mins mn) as <16 x i32> lanes and
-    the float super-block scales d (and dmin); every product here is exact."""
-    scd = builder.fmul(builder.sitofp(sc, V16F32), splat_v16f32(builder, d))
-    if mn is not None:
-        bias = builder.fmul(builder.sitofp(mn, V16F32), splat_v16f32(builder, builder.fneg(dmin)))
-    else:
-        bias = builder.fmul(scd, ir.Constant(V16F32, float(-off)))
-    return Decoded(u, scd, bias, u_max)
-
-
-def k4_scales(builder, p, off: int):
-    """12-byte 6-bit scale / min packing of Q4_K and Q5_K (get_scale_min_k4) -> lanes
-    (sc, mn) of <16 x i32>, sub-block j's values in lanes 2j and 2j+1."""
-    V4 = ir.VectorType(I8, 4)
-    a, b, c = (load_bytes(builder, p, off + 4 * i, V4) for i in range(3))
-    cst = {v: ir.Constant(V4, v) for v in (2, 4, 15, 0x30, 63)}
-    sc_lo, mn_lo = builder.and_(a, cst[63]), builder.and_(b, cst[63])
-    sc_hi = builder.or_(builder.and_(c, cst[15]), builder.and_(builder.lshr(a, cst[2]), cst[0x30]))
-    mn_hi = builder.or_(builder.lshr(c, cst[4]), builder.and_(builder.lshr(b, cst[2]), cst[0x30]))
-
-    def lanes(lo, hi):
-        both = builder.shuffle_vector(lo, hi, const_vector(I32, range(8)))    # sub-blocks 0 … 7
-        return shuffle(builder, builder.zext(both, ir.VectorType(I32, 8)), [L // 2 for L in LANES])
-    return lanes(sc_lo, sc_hi), lanes(mn_lo, mn_hi)
-
-
-def _decode_q4_k(builder, p, f16c):
-    """block_q4_K (144 B): d, dmin (f16), scales[12], qs[128] (dequantize_row_q4_K).
-    Sub-block j = lanes 2j, 2j+1; its value l is nibble j%2 of qs[32(j//2) + l].
-    u ≤ 15, sc, mn ≤ 63: |dot| ≤ 16·15·127 < 2^15."""
-    qs = load_bytes(builder, p, 16, ir.VectorType(I32, 32))
-    u = [_lanes(builder, qs, [8 * (L // 4) + 4 * (L % 2) + k for L in LANES],
-                [4 * ((L // 2) % 2) for L in LANES], 0x0F0F0F0F) for k in range(4)]
-    sc, mn = k4_scales(builder, p, 4)
-    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin, u_max=15)
-
-
-def _decode_q5_k(builder, p, f16c):
-    """block_q5_K (176 B): d, dmin, scales[12], qh[32], qs[128] (dequantize_row_q5_K).
-    As Q4_K plus 16 · bit j of qh[l].  u ≤ 31: |dot| ≤ 16·31·127 < 2^16."""
-    qs = load_bytes(builder, p, 48, ir.VectorType(I32, 32))
-    qh = load_bytes(builder, p, 16, ir.VectorType(I32, 8))
-    u = []
-    for k in range(4):
-        lo = _lanes(builder, qs, [8 * (L // 4) + 4 * (L % 2) + k for L in LANES],
-                    [4 * ((L // 2) % 2) for L in LANES], 0x0F0F0F0F)
-        hi = _lanes(builder, qh, [4 * (L % 2) + k for L in LANES], [L // 2 for L in LANES],
-                    0x01010101)
-        u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
-    sc, mn = k4_scales(builder, p, 4)
-    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin, u_max=31)
-
-
-def _hsl(L: int) -> tuple[int, int, int]:
-    """Group L of the Q2_K / Q3_K / Q6_K layouts: values 128h + 32s + 16t + (0…15)."""
-    return L // 8, (L % 8) // 2, L % 2
-
-
-def _decode_q6_k(builder, p, f16c):
-    """block_q6_K (210 B): ql[128], qh[64], scales[16] int8, d (dequantize_row_q6_K).
-    Value 128h + 32s + l: nibble s//2 of ql[64h + 32(s%2) + l] | bits 2s of qh[32h + l] << 4,
-    q = u − 32, u ≤ 63: |dot| ≤ 16·63·127 < 2^17."""
-    ql = load_bytes(builder, p, 0, ir.VectorType(I32, 32))
-    qh = load_bytes(builder, p, 128, V16I32)
-    u = []
-    for k in range(4):
-        hsl = [_hsl(L) for L in LANES]
-        lo = _lanes(builder, ql, [16 * h + 8 * (s % 2) + 4 * t + k for h, s, t in hsl],
-                    [4 * (s // 2) for h, s, t in hsl], 0x0F0F0F0F)
-        hi = _lanes(builder, qh, [8 * h + 4 * t + k for h, s, t in hsl], [2 * s for h, s, t in hsl],
-                    0x03030303)
-        u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
-    sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
-    d = f16_to_f32(builder, load_bytes(builder, p, 208, I16), f16c)
-    return _decoded(builder, u, sc, d, off=32, u_max=63)
-
-
-def _crumbs(builder, qs, k: int):
-    """Q2_K / Q3_K low bits: value 128h + 32s + l is (qs[32h + l] >> 2s) & 3."""
-    hsl = [_hsl(L) for L in LANES]
-    return _lanes(builder, qs, [8 * h + 4 * t + k for h, s, t in hsl], [2 * s for h, s, t in hsl],
-                  0x03030303)
-
-
-def _decode_q3_k(builder, p, f16c):
-    """block_q3_K (110 B): hmask[32], qs[64], scales[12] (6-bit, −32), d (dequantize_row_q3_K).
-    q = low − 4 unless bit 4h+s of hmask[l] is set: u = low | hbit << 2 = q + 4.
-    u ≤ 7: |dot| ≤ 16·7·127 < 2^14."""
-    qs = load_bytes(builder, p, 32, V16I32)
-    hm = load_bytes(builder, p, 0, ir.VectorType(I32, 8))
-    u = []
-    for k in range(4):
-        hsl = [_hsl(L) for L in LANES]
-        hb = _lanes(builder, hm, [4 * t + k for h, s, t in hsl], [4 * h + s for h, s, t in hsl],
-                    0x01010101)
-        u.append(builder.or_(_crumbs(builder, qs, k), builder.shl(hb, _splat_i32(2))))
-    # scale L: low nibble of byte L%8 (shifted by 4·(L//8)) | 2 bits of byte 8 + L%4 << 4
-    V16 = ir.VectorType(I8, 16)
-    lo8 = load_bytes(builder, p, 96, ir.VectorType(I8, 8))
-    lo = builder.and_(builder.lshr(shuffle(builder, lo8, [L % 8 for L in LANES]),
-                                   const_vector(I8, [4 * (L // 8) for L in LANES])), ir.Constant(V16, 15))
-    hi4 = load_bytes(builder, p, 104, ir.VectorType(I8, 4))
-    hi = builder.and_(builder.lshr(shuffle(builder, hi4, [L % 4 for L in LANES]),
-                                   const_vector(I8, [2 * (L // 4) for L in LANES])), ir.Constant(V16, 3))
-    sc6 = builder.or_(lo, builder.shl(hi, ir.Constant(V16, 4)))
-    sc = builder.sub(builder.zext(sc6, V16I32), _splat_i32(32))
-    d = f16_to_f32(builder, load_bytes(builder, p, 108, I16), f16c)
-    return _decoded(builder, u, sc, d, off=4, u_max=7)
-
-
-def _decode_q2_k(builder, p, f16c):
-    """block_q2_K (84 B): scales[16] (scale | min << 4), qs[64], d, dmin (dequantize_row_q2_K).
-    u ≤ 3, sc, mn ≤ 15: |dot| ≤ 16·3·127 < 2^13."""
-    qs = load_bytes(builder, p, 16, V16I32)
-    u = [_crumbs(builder, qs, k) for k in range(4)]
-    sm = load_bytes(builder, p, 0, ir.VectorType(I8, 16))
-    sc = builder.zext(builder.and_(sm, ir.Constant(sm.type, 15)), V16I32)
-    mn = builder.zext(builder.lshr(sm, ir.Constant(sm.type, 4)), V16I32)
-    d = f16_to_f32(builder, load_bytes(builder, p, 80, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 82, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin, u_max=3)
-
-
-DECODERS: dict[int, Callable] = {           # qtype -> super-block decoder
-    Q2_K: _decode_q2_k, Q3_K: _decode_q3_k, Q4_K: _decode_q4_k, Q5_K: _decode_q5_k,
-    Q6_K: _decode_q6_k,
-}
-
-
-# ------------------------------------------------- decoders of repacked blocks
-
-V32I8 = ir.VectorType(I8, 32)
-
-
-def _byte_shift(builder, v, by: int):
-    """v << by (by > 0) or v >> −by, bytewise (<32 x i8>)."""
-    if by > 0:
-        return builder.shl(v, ir.Constant(V32I8, by))
-    return builder.lshr(v, ir.Constant(V32I8, -by)) if by < 0 else v
-
-
-def _nibbles(builder, p, off: int, k: int):
-    """(low nibbles, high nibbles) of the 32 bytes at off + 32k: lanes 0-7 and 8-15 of V_k."""
-    c = load_bytes(builder, p, off + 32 * k, V32I8)
-    return (builder.and_(c, ir.Constant(V32I8, 15)),
-            builder.and_(builder.lshr(c, ir.Constant(V32I8, 4)), ir.Constant(V32I8, 15)))
-
-
-def _v16(builder, lo, hi):
-    """Two <32 x i8> halves -> one <16 x i32> V_k (lanes 0-7, 8-15)."""
-    return builder.bitcast(shuffle2(builder, lo, hi, list(range(64))), V16I32)
-
-
-def _decode_q4_k_r(builder, p, f16c):
-    """Repacked block_q4_K (kquants_repack.py): header as stored, qs in the V_k order."""
-    u = [_v16(builder, *_nibbles(builder, p, 16, k)) for k in range(4)]
-    sc, mn = k4_scales(builder, p, 4)
-    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin, u_max=15)
-
-
-def _decode_q5_k_r(builder, p, f16c):
-    """Repacked block_q5_K: qs as Q4_K's, bit 2k + h of qh byte j = the fifth bit of
-    byte j of half h of V_k."""
-    qh = load_bytes(builder, p, 16, V32I8)
-    u = []
-    for k in range(4):
-        halves = [builder.or_(nib, builder.and_(_byte_shift(builder, qh, 4 - (2 * k + h)),
-                                                ir.Constant(V32I8, 0x10)))
-                  for h, nib in enumerate(_nibbles(builder, p, 48, k))]
-        u.append(_v16(builder, *halves))
-    sc, mn = k4_scales(builder, p, 4)
-    d = f16_to_f32(builder, load_bytes(builder, p, 0, I16), f16c)
-    dmin = f16_to_f32(builder, load_bytes(builder, p, 2, I16), f16c)
-    return _decoded(builder, u, sc, d, mn, dmin, u_max=31)
-
-
-def _decode_q6_k_r(builder, p, f16c):
-    """Repacked block_q6_K: ql in the V_k order (as Q4_K's qs), crumb k of qh byte
-    32h + j = the two high bits of byte j of half h of V_k."""
-    qh = [load_bytes(builder, p, 128 + 32 * h, V32I8) for h in range(2)]
-    u = []
-    for k in range(4):
-        halves = [builder.or_(nib, builder.and_(_byte_shift(builder, qh[h], 4 - 2 * k),
-                                                ir.Constant(V32I8, 0x30)))
-                  for h, nib in enumerate(_nibbles(builder, p, 0, k))]
-        u.append(_v16(builder, *halves))
-    sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
-    d = f16_to_f32(builder, load_bytes(builder, p, 208, I16), f16c)
-    return _decoded(builder, u, sc, d, off=32, u_max=63)
-
-
-REPACKED_DECODERS: dict[int, Callable] = {  # qtype -> decoder of its repacked super-block
-    Q4_K: _decode_q4_k_r, Q5_K: _decode_q5_k_r, Q6_K: _decode_q6_k_r,
-}
-
-
 # --------------------------------------------------------------------------- intrinsics
-
-def _emit_update(builder, dec: Decoded, u8, vnni: bool, x, m, b, acc):
-    """acc (<16 x float>) + the contribution of decoded block b to activation row m."""
-    row = builder.add(builder.mul(b, x.M), m)                   # (b, m) in the block-major x
-    xv = [builder.load(builder.gep(x.q, [builder.add(builder.mul(row, I64(QK_K)), I64(64 * k))],
-                                   source_etype=I8), typ=V64I8, align=1) for k in range(4)]
-    dot = dpbusd_chain(builder, vnni, u8, xv, dec.u_max)
-    dx = splat_v16f32(builder, builder.load(builder.gep(x.d, [row], source_etype=F32)))
-    bsd = builder.load(builder.gep(x.bs, [builder.mul(row, I64(16))], source_etype=F32),
-                       typ=V16F32, align=4)
-    acc = fma_v16f32(builder, builder.sitofp(dot, V16F32), builder.fmul(dec.scd, dx), acc)
-    return fma_v16f32(builder, dec.bias, bsd, acc)
-
-
-def _lane_sum(builder, v):
-    """Σ of the 16 lanes in a fixed pairwise order: (l, l+8), (l, l+4), (l, l+2), (l, l+1)."""
-    for half in (8, 4, 2, 1):
-        v = builder.fadd(shuffle(builder, v, range(half)),
-                         shuffle(builder, v, range(half, 2 * half)))
-    return builder.extract_element(v, I32(0))
-
 
 class _Q8K(NamedTuple):
     """Data pointers of the Q8_K activations (block-major, see q8k.py) and their sizes."""
     q: ir.Value      # i8*  codes (K/256, M, 256)
     d: ir.Value      # f32* scales (K/256, M)
-    bs: ir.Value     # f32* bsums · d (K/256, M, 16)
+    bs: ir.Value     # i16* code sums per 16 (K/256, M, 16)
     M: ir.Value
     nblk: ir.Value   # K/256
 
 
-def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, wp, row_bytes, x: _Q8K, out, N,
-                c, n_chunks):
+def _x_block(builder, x: _Q8K, m, b):
+    """Activation row m of super-block b: its four code vectors, bsum lanes (<16 x i32>), dx."""
+    row = builder.add(builder.mul(b, x.M), m)                   # (b, m) in the block-major x
+    xv = [builder.load(builder.gep(x.q, [builder.add(builder.mul(row, I64(QK_K)), I64(64 * k))],
+                                   source_etype=I8), typ=V64I8, align=1) for k in range(4)]
+    bs = builder.load(builder.gep(x.bs, [builder.mul(row, I64(16))], source_etype=I16),
+                      typ=ir.VectorType(I16, 16), align=2)
+    return xv, builder.sext(bs, V16I32), builder.load(builder.gep(x.d, [row], source_etype=F32))
+
+
+def _mul_short(builder, vnni: bool, a, b):
+    """a·b per int32 lane, exact, for |a| < 2^15 and 0 <= b < 2^15: ``vpmaddwd`` on the lanes
+    as int16 pairs (a's low half times b's, a's high half times b's zero high half), one
+    uop where ``vpmulld`` takes two; AVX2: on 256-bit halves; otherwise a multiply."""
+    if not (vnni or have_avx2()):
+        return builder.mul(a, b)
+    w = 16 if vnni else 8
+    vi16, vi32 = ir.VectorType(I16, 2 * w), ir.VectorType(I32, w)
+    name = "llvm.x86.avx512.pmaddw.d.512" if vnni else "llvm.x86.avx2.pmadd.wd"
+    fn = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(vi32, [vi16, vi16]))
+    halves = [builder.call(fn, [builder.bitcast(shuffle2(builder, a, a, range(i, i + w)), vi16),
+                                builder.bitcast(shuffle2(builder, b, b, range(i, i + w)), vi16)])
+              for i in range(0, 16, w)]
+    return halves[0] if vnni else shuffle2(builder, halves[0], halves[1], range(16))
+
+
+def _int_lanes(builder, dec: Decoded, u8, vnni: bool, xv, bsum):
+    """Lanes L of isum = sc·(dot − off·bsum) and of imin = mn·bsum (or None), exact int32.
+    |bsum| ≤ 16·127 and 0 ≤ mn < 64: imin by _mul_short; so isum where |dot − off·bsum| < 2^15
+    (Q2_K, Q3_K, Q4_K; Q3_K's signed sc times the difference with its high half cleared)."""
+    dot = dpbusd_chain(builder, vnni, u8, xv, dec.u_max)
+    if dec.off:
+        dot = builder.sub(dot, builder.shl(bsum, ir.Constant(V16I32, dec.off.bit_length() - 1)))
+    imin = None if dec.mn is None else _mul_short(builder, vnni, bsum, dec.mn)
+    if 16 * 127 * max(dec.off, dec.u_max - dec.off) >= 2**15:
+        return builder.mul(dec.sc, dot), imin                       # Q5_K, Q6_K: vpmulld
+    if dec.off:
+        return _mul_short(builder, vnni, dec.sc, builder.and_(dot, ir.Constant(V16I32, 0xFFFF))), imin
+    return _mul_short(builder, vnni, dot, dec.sc), imin
+
+
+def _pair_sum(builder, p, q, level: int):
+    """p, q: 2^level sources each, source i in lanes i·w … i·w + w − 1 (w = 16 >> level) ->
+    2^(level+1) sources in blocks of w/2 lanes, p's first: each block's two halves added."""
+    w = 16 >> level
+    first = [i * w + j for i in range(1 << level) for j in range(w // 2)]
+    idx = first + [16 + i for i in first]
+    return builder.add(shuffle2(builder, p, q, idx), shuffle2(builder, p, q, [i + w // 2 for i in idx]))
+
+
+class _LaneSums:
+    """Horizontal integer sums of up to 16 <16 x i32> vectors as one: push(v_j) in order, then
+    result() has lane j = Σ_l v_j[l] (a transpose-and-add; pairs combine as soon as they exist,
+    so at most four partial vectors are live)."""
+
+    def __init__(self, builder):
+        self.b, self.stack, self.n = builder, [], 0
+
+    def push(self, v, level: int = 0):
+        while self.stack and self.stack[-1][0] == level:
+            v, level = _pair_sum(self.b, self.stack.pop()[1], v, level), level + 1
+        self.stack.append((level, v))
+        self.n += level == 0
+
+    def result(self):
+        while len(self.stack) > 1 or self.stack[0][0] < 4:
+            self.push(ir.Constant(V16I32, 0))
+        return self.stack[0][1]
+
+
+def _lanes_of(builder, values, pattern):
+    """<16 x T> with lane j = values[pattern[j]] (lanes past the pattern: values[0]): the
+    distinct values inserted once, then one shuffle."""
+    v = ir.Constant(ir.VectorType(values[0].type, len(values)), None)
+    for i, s in enumerate(values):
+        v = builder.insert_element(v, s, I32(i))
+    return shuffle2(builder, v, v, list(pattern) + [0] * (16 - len(pattern)))
+
+
+def _scales(builder, decs, field: str, pattern, f16c: bool):
+    """<16 x float>: lane j = the scale ``field`` (d or dmin) of row pattern[j]; with F16C
+    from the fp16 bits of all rows in one conversion (the same value, exactly)."""
+    if f16c:
+        bits = _lanes_of(builder, [getattr(dec, field + "16") for dec in decs], pattern)
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 16)), V16F32)
+    return _lanes_of(builder, [getattr(dec, field) for dec in decs], pattern)
+
+
+def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, f16c: bool, wp, row_bytes, x: _Q8K,
+                out, N, c, n_chunks):
     """out (f32* (M, N)) rows n = lo … hi−1 of chunk c of n_chunks.
 
-    M <= MAX_STATIC_M: one code path per M (a switch): row after row, the M accumulators of
-    16 lanes in registers, each super-block decoded once and used for the M rows of x
-    (verification batches: the weights are read once, nothing goes through memory).
-    M > MAX_STATIC_M (prompt processing): for each slice of PASS_ROWS weight rows (55-320 KB
-    of Q4_K at the Qwen shapes: they stay in L2), the static path of PASS_M activation rows
-    at a time (the last group smaller), so every update keeps its accumulators in registers;
-    each super-block is decoded once per PASS_M rows instead of once per M (one L1 scratch
-    for all M rows was slower: docs/architecture.md, "Tuned constants").
-    Both paths do the same float operations per (n, m); _lane_sum folds the lanes into
-    out[m, n]."""
+    M <= MAX_STATIC_M: one code path per M (a switch), the accumulators in registers, each
+    super-block decoded once and used for the M rows of x (verification batches: the weights
+    are read once, nothing goes through memory).  M > MAX_STATIC_M (prompt processing): for
+    each slice of PASS_ROWS weight rows (they stay in L2), the static path of PASS_M
+    activation rows at a time (the last group smaller); each super-block is decoded once per
+    PASS_M rows instead of once per M (docs/architecture.md, "Tuned constants").
+    A static path of ms rows takes R = 16 // ms weight rows at a time (one at the tail): the
+    isum / imin lanes of its R·ms pairs (r, m) are summed horizontally together (_LaneSums,
+    lane r·ms + m), and the two FMAs of the contract run on all of them in one vector op."""
     M, nblk = x.M, x.nblk
     lo = builder.sdiv(builder.mul(c, N), n_chunks)
     hi = builder.sdiv(builder.mul(builder.add(c, I64(1)), N), n_chunks)
 
-    def decoded(n, b, ahead=0):
+    def decoded(n, b, ahead):
+        """Block b of row n decoded; the block ``ahead`` bytes further on prefetched."""
         off = builder.add(builder.mul(n, row_bytes), builder.mul(b, I64(block_bytes)))
         p = builder.gep(wp, [off], source_etype=I8)
-        for line in range(0, block_bytes + 64, 64) if ahead else ():
-            prefetch(builder, builder.gep(p, [I64(ahead + line)], source_etype=I8))
+        for line in range(0, block_bytes + 64, 64):
+            prefetch(builder, builder.gep(p, [builder.add(ahead, I64(line))], source_etype=I8))
         dec = decode(builder, p)
         return dec, [builder.bitcast(v, V64I8) for v in dec.u]
-
-    def out_ptr(m, n):
-        return builder.gep(out, [builder.add(builder.mul(m, N), n)], source_etype=F32)
 
     def smaller(a, b):
         return builder.select(builder.icmp_signed("<", a, b), a, b)
 
+    def block(n, rr: int, ms: int, m0, b, accs):
+        """Super-block b of weight rows n … n+rr−1 against activation rows m0 … m0+ms−1."""
+        xs = [_x_block(builder, x, builder.add(m0, I64(j)), b) for j in range(ms)]
+        pairs = [(r, j) for r in range(rr) for j in range(ms)]
+        isums = [_LaneSums(builder) for _ in accs]
+        imins = [_LaneSums(builder) for _ in accs]
+        decs = []
+        # one row: PREFETCH_BLOCKS ahead in the row; R rows: the same block of the next R rows
+        # (a short row's blocks ahead would be the next rows', already being read)
+        ahead = I64(PREFETCH_BLOCKS * block_bytes) if rr == 1 else builder.mul(row_bytes, I64(rr))
+        for r in range(rr):
+            dec, u8 = decoded(builder.add(n, I64(r)), b, ahead)
+            decs.append(dec)
+            for j, (xv, bsum, _) in enumerate(xs):
+                isum, imin = _int_lanes(builder, dec, u8, vnni, xv, bsum)
+                isums[(r * ms + j) // 16].push(isum)
+                if imin is not None:
+                    imins[(r * ms + j) // 16].push(imin)
+        for a, acc in enumerate(accs):
+            part = pairs[16 * a:16 * a + 16]
+            dx = _lanes_of(builder, [x_[2] for x_ in xs], [j for r, j in part])
+            ddx = builder.fmul(_scales(builder, decs, "d", [r for r, j in part], f16c), dx)
+            v = fma_v16f32(builder, builder.sitofp(isums[a].result(), V16F32), ddx, builder.load(acc))
+            if decs[0].mn is not None:
+                mdx = builder.fmul(builder.fneg(_scales(builder, decs, "dmin", [r for r, j in part], f16c)), dx)
+                v = fma_v16f32(builder, builder.sitofp(imins[a].result(), V16F32), mdx, v)
+            builder.store(v, acc)
+
+    def rows_group(n, rr: int, ms: int, m0):
+        """Weight rows n … n+rr−1 against activation rows m0 … m0+ms−1 into out."""
+        accs = [cgutils.alloca_once(builder, V16F32) for _ in range(-(-rr * ms // 16))]
+        for a in accs:
+            builder.store(ir.Constant(V16F32, 0.0), a)
+        with cgutils.for_range(builder, nblk) as blk:
+            block(n, rr, ms, m0, blk.index, accs)
+        for i in range(rr * ms):
+            r, j = divmod(i, ms)
+            p = builder.gep(out, [builder.add(builder.mul(builder.add(m0, I64(j)), N),
+                                              builder.add(n, I64(r)))], source_etype=F32)
+            builder.store(builder.extract_element(builder.load(accs[i // 16]), I32(i % 16)), p)
+
     def rows_static(ms: int, m0=I64(0), n_lo=lo, n_hi=hi):
-        """Rows n_lo … n_hi−1 against activation rows m0 … m0+ms−1, ms known here: the ms
-        accumulators live in registers, each super-block is decoded once for all of them."""
-        accs = [cgutils.alloca_once(builder, V16F32) for _ in range(ms)]
-        with cgutils.for_range_slice(builder, n_lo, n_hi, I64(1)) as (n, _):
-            for a in accs:
-                builder.store(ir.Constant(V16F32, 0.0), a)
-            with cgutils.for_range(builder, nblk) as blk:
-                dec, u8 = decoded(n, blk.index, PREFETCH_BLOCKS * block_bytes)
-                for j, a in enumerate(accs):
-                    builder.store(_emit_update(builder, dec, u8, vnni, x, builder.add(m0, I64(j)),
-                                               blk.index, builder.load(a)), a)
-            for j, a in enumerate(accs):
-                builder.store(_lane_sum(builder, builder.load(a)), out_ptr(builder.add(m0, I64(j)), n))
+        """Rows n_lo … n_hi−1 against activation rows m0 … m0+ms−1, ms known here."""
+        rr = max(1, 16 // ms)
+        n_mid = builder.sub(n_hi, builder.srem(builder.sub(n_hi, n_lo), I64(rr)))
+        with cgutils.for_range_slice(builder, n_lo, n_mid, I64(rr)) as (n, _):
+            rows_group(n, rr, ms, m0)
+        if rr > 1:
+            with cgutils.for_range_slice(builder, n_mid, n_hi, I64(1)) as (n, _):
+                rows_group(n, 1, ms, m0)
 
     few = builder.icmp_signed("<=", M, I64(MAX_STATIC_M))
     with builder.if_else(few) as (single, multi):
@@ -400,8 +268,8 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
             x = _Q8K(xqa.data, xda.data, xbsa.data, M, nblk)
             N = cgutils.unpack_tuple(builder, outa.shape, 2)[1]
             row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
-            _emit_chunk(builder, decode, block_bytes, vnni, wa.data, row_bytes, x, outa.data, N,
-                        c_, nc)
+            _emit_chunk(builder, decode, block_bytes, vnni, f16c, wa.data, row_bytes, x, outa.data,
+                        N, c_, nc)
             return context.get_dummy_value()
         return sig, codegen
 

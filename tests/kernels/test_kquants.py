@@ -79,8 +79,8 @@ def test_q8k_matches_ggml_rule(seed, m, nb, log_scale, pattern):
     q_ref, d_ref, bs_ref = q8k_reference(x)
     np.testing.assert_array_equal(natural_order(xq), q_ref)
     np.testing.assert_array_equal(xd.T.view(np.uint32), d_ref.view(np.uint32))
-    bsd_ref = bs_ref.astype(np.float32) * np.repeat(d_ref, 16, axis=1)   # bsum · d, one rounding
-    np.testing.assert_array_equal(xbs.transpose(1, 0, 2).reshape(m, -1), bsd_ref)
+    assert xbs.dtype == np.int16                                         # exact code sums
+    np.testing.assert_array_equal(xbs.transpose(1, 0, 2).reshape(m, -1), bs_ref)
     assert xq.min() >= -127
 
 
@@ -98,7 +98,7 @@ def test_q8k_layout():
             for i in range(4):
                 v = 16 * lane + 4 * k + i
                 assert xq[1, 1, 64 * k + 4 * lane + i] == (-(v + 1) if v < 127 else 0)
-    assert xbs[1, 1, 0] == sum(range(1, 17))         # bsum (−136) · d (−1)
+    assert xbs[1, 1, 0] == -sum(range(1, 17))        # the codes' exact sum, as block_q8_K's bsums
 
 
 # ----------------------------------------------------------------------------- matmul
@@ -123,11 +123,12 @@ def test_matmul_exact_on_representable_inputs(qtype, seed, m, n, nb, e, f):
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 @SETTINGS
-@given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 20), n=st.integers(1, 40),
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 64), n=st.integers(1, 40),
        nb=st.integers(1, 3), log_scale=st.floats(-4, 4))
 def test_matmul_is_bitwise_the_reference_contract(qtype, seed, m, n, nb, log_scale):
     """The kernel computes kernels/reference.kquant_dot bit for bit (the contract every path
-    keeps: exact group dots, two FMAs per group lane and super-block, a fixed lane fold)."""
+    keeps: exact int32 isum and imin per super-block, then fma(isum, d·dx) and
+    fma(imin, −dmin·dx) in that order), for every M: the static paths and the passes."""
     rng = np.random.default_rng(seed)
     w = random_weights(rng, qtype, n, nb)
     x = (rng.standard_normal((m, 256 * nb)) * 10.0 ** log_scale).astype(np.float32)
@@ -149,8 +150,8 @@ def error_bound(qtype, w, x):
     Q8_K rounding: each x_i is replaced by dx·q_i with |x_i − dx·q_i| ≤ |dx|·(1/2 + 2^-12)
     (round to nearest of the float32 product iscale·x, and d = 1/iscale rounded), and the
     kernel computes the integer dot products exactly: Σ_i |w_i|·|dx_b(i)|/2·(1 + 2^-10).
-    Float rounding: the kernel rounds each lane FMA once per super-block and 4 times in the
-    pairwise lane sum, the reference rounds each weight (d·sc, ·q, − dmin·m) in float32:
+    Float rounding: the kernel rounds float(isum), d·dx, dmin·dx and two FMAs per super-block,
+    the reference rounds each weight (d·sc, ·q, − dmin·m) in float32:
     (nb + 16)·2^-23·Σ_i (|d|·max|sc·q| + |dmin|·max|mn|)·(|x_i| + |dx|)."""
     m, k = x.shape
     nb = k // 256
@@ -234,14 +235,18 @@ def _portable_matmul(qtype):
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_portable_path_matches_native_bitwise(qtype):
+    """No VNNI (the AVX2 vpmaddubsw / vpmaddwd dots), no F16C: the contract's bits for the
+    static paths (16 // M weight rows at a time, with a tail) and the passes."""
     rng = np.random.default_rng(int(qtype))
-    w = random_weights(rng, qtype, 7, 2)
-    x = rng.standard_normal((5, 512)).astype(np.float32)
-    for m in (1, 5):                           # the M = 1 and the M > 1 paths
+    w = random_weights(rng, qtype, 37, 2)
+    x = rng.standard_normal((33, 512)).astype(np.float32)
+    portable = _portable_matmul(qtype)
+    for m in (1, 3, 5, 9, 17, 33):
         xq, xd, xbs = quantize_q8_k(x[:m])
-        out = np.empty((m, 7), np.float32)
-        _portable_matmul(qtype)(w, xq, xd, xbs, out)
+        out = np.empty((m, 37), np.float32)
+        portable(w, xq, xd, xbs, out)
         np.testing.assert_array_equal(out, matmul(qtype, w, x[:m]))
+        np.testing.assert_array_equal(out, reference.kquant_dot(int(qtype), w, x[:m]))
 
 
 @pytest.mark.parametrize("f16c", [False, True])

@@ -32,7 +32,7 @@ def _layout(qt, w, repacked: bool):
 @needs_amx
 @settings(max_examples=30, deadline=None)
 @given(qt=st.sampled_from(KQUANTS), repacked=st.booleans(), n=st.integers(1, 50),
-       nb=st.integers(1, 3), m=st.integers(1, 40), seed=st.integers(0, 2**32 - 1))
+       nb=st.integers(1, 3), m=st.integers(1, 64), seed=st.integers(0, 2**32 - 1))
 def test_tiles_are_bitwise_the_vnni_drivers(qt, repacked, n, nb, m, seed):
     repacked = repacked and kquants_repack.repackable(int(qt))
     rng = np.random.default_rng(seed)
