@@ -1,0 +1,300 @@
+"""AMX tiles on the 16-row interleaved K-quants (Q4_K, Q5_K, Q6_K; kquants_x16's records).
+
+The contract is reference.kquant_dot's, bit for bit: per (activation row m, weight row n,
+super-block b) one exact integer isum = Σ_g sc[g]·(dot[g] − off·bsum[g]) (and, Q4_K / Q5_K,
+imin = Σ_g mn[g]·bsum[g]), then acc = fma(float(isum), d·dx, acc) and
+acc = fma(float(imin), −(dmin·dx), acc), b ascending.
+
+The scales are folded into the weights, so each tile product runs over the whole 64-byte
+depth and C holds isum itself: per tile of 16 weight rows and super-block, every code
+becomes w = sc[g]·(u − off) (|w| ≤ 4096, exact in 16 bits) and is split into two bytes,
+w = 256·hi + lo with lo unsigned and hi signed ([−16, 16]).  These are AMX's B operands
+(_make_prep, into a per-thread buffer of 8 KB): the record's code vectors already hold
+byte 4r + i = value 4t + i of weight row r (one row of B); the prep masks or shifts the
+nibble, adds the high bits (Q5_K, Q6_K), multiplies by the group's 16 row scales
+(``vpmullw``, lane = weight row), and writes the low and the high bytes as row L of B tile k,
+where A tile k is bytes 64k … 64k+63 of each Q8_K block as q8k.py stores it (lane-major:
+word L = values 16L + 4k … 16L + 4k + 3), so A is the activations as they are, 16 rows of
+256 bytes apart.  Then, per pair of 16-row activation tiles (_tdp):
+
+    C_lo += A_k · B_lo_k (``tdpbsud``),  C_hi += A_k · B_hi_k (``tdpbssd``),   k = 0 … 3
+    isum  = (C_hi << 8) + C_lo                                              (exact int32)
+
+and per activation row (_update, lane = weight row): ``vcvtdq2ps``, d·dx (``vmulps``) and
+an FMA; the mins by four ``vpdpwssd`` of the 16 rows' (mn[2p], mn[2p+1]) word pairs with
+the row's (bsum32[2p], bsum32[2p+1]), then the second FMA.  The next pair's tile products
+are issued before this pair's update reads its C (two C slots).
+
+Integers are exact and each (m, n) sees the contract's two FMAs per super-block in order, so
+every output row is bitwise reference.kquant_dot's and independent of the others
+(tests/kernels/test_kquants_x16_amx.py).  Loop order per thread (a run of weight tiles):
+activation rows in blocks of at most ~1 MiB of codes (L2), each weight tile, each
+super-block (its B prepared once, L1), each pair of activation tiles.
+
+    wi           uint8 (N/16, nb · RECORD): kquants_x16.interleave's records
+    xq, xd, xbs  the Q8_K activations of q8k.quantize_q8_k;  out float32 (M, N)
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import get_num_threads, njit, prange, types
+from numba.extending import intrinsic
+
+from . import amx
+from .formats import Q4_K, Q5_K, Q6_K, QK_K
+from .ir import F32, I8, I16, I32, I64, V16F32, V16I32, fma_v16f32, load_bytes, shuffle, splat, vector_type
+from .kquants_x16 import RECORD, ROWS
+
+MIN_M = 16                      # the recommended smallest pass for the tiles (docs/architecture.md)
+M_TILE = 16                     # activation rows per A tile
+A_BYTES = 1 << 20               # activation codes per row block (L2-resident across weight tiles)
+QS_AT = {Q4_K: 320, Q5_K: 832, Q6_K: 1344}      # the low-nibble code vectors in a record
+QH_AT = 320                                     # Q5_K / Q6_K high bits
+LO, HI, DV, NDM, MNP, BBUF = 0, 4096, 8192, 8256, 8320, 8576   # the B buffer's parts (bytes)
+CONFIG = amx.tile_config({t: (16, 64) for t in range(8)})
+# tmm0, tmm1: C_lo, C_hi of activation tile 0;  tmm2, tmm3: of tile 1;  tmm4, tmm5: A;  tmm6, tmm7: B
+
+V64I8, V32I16, V16I8, V16I16 = (vector_type(t, n) for t, n in ((I8, 64), (I16, 32), (I8, 16), (I16, 16)))
+
+
+def _ptr(context, builder, sig, args, i, off=None):
+    """i8* to array argument i, plus the byte offset argument ``off``."""
+    p = builder.bitcast(context.make_array(sig.args[i])(context, builder, args[i]).data, amx.I8P)
+    if off is not None:
+        p = builder.gep(p, [context.cast(builder, args[off], sig.args[off], types.int64)])
+    return p
+
+
+def _store(builder, val, p, byte_off: int) -> None:
+    builder.store(val, builder.bitcast(builder.gep(p, [I64(byte_off)]), val.type.as_pointer()), align=1)
+
+
+def _vsplat(ty, value):
+    return ir.Constant(ty, [value] * ty.count)
+
+
+def _emit_prep(builder, qtype: int, rec, out) -> None:
+    """The B buffer of one record (i8* rec) at i8* out: LO / HI + 1024 k + 64 L = the low / high
+    bytes of w = sc·(u − off) for B tile k, row L (values 16L + 4k + i of the 16 rows);
+    DV: d, NDM: −dmin (float32 [16]), MNP: the mins' word pairs (int32 [4][16])."""
+    q6 = qtype == Q6_K
+
+    def scale16(g):                                     # the 16 rows' scale of group g, per word
+        raw = load_bytes(builder, rec, 64 + 16 * (g if q6 else g // 2), V16I8)
+        s = (builder.sext if q6 else builder.zext)(raw, V16I16)
+        return shuffle(builder, s, [i // 2 for i in range(32)])
+
+    scales = [scale16(g) for g in range(16)]
+    qh = {}
+    for c in range(4):
+        for t in range(8):
+            v = load_bytes(builder, rec, QS_AT[qtype] + 64 * (8 * c + t), V64I8)
+            for h in range(2):
+                u = builder.and_(v, _vsplat(V64I8, 15)) if h == 0 else builder.lshr(v, _vsplat(V64I8, 4))
+                if qtype != Q4_K:
+                    j = t if qtype == Q5_K else 8 * h + t
+                    if j not in qh:
+                        qh[j] = load_bytes(builder, rec, QH_AT + 64 * j, V64I8)
+                    bit, mask = (2 * c + h, 0x10) if qtype == Q5_K else (2 * c, 0x30)
+                    hb = builder.lshr(qh[j], _vsplat(V64I8, bit - 4)) if bit > 4 else \
+                        builder.shl(qh[j], _vsplat(V64I8, 4 - bit))
+                    u = builder.or_(u, builder.and_(hb, _vsplat(V64I8, mask)))
+                words = builder.bitcast(u, V32I16)
+                e = builder.and_(words, _vsplat(V32I16, 0xFF))
+                o = builder.lshr(words, _vsplat(V32I16, 8))
+                if q6:
+                    e, o = builder.sub(e, _vsplat(V32I16, 32)), builder.sub(o, _vsplat(V32I16, 32))
+                g, k = 4 * c + 2 * h + t // 4, t % 4
+                we, wo = builder.mul(e, scales[g]), builder.mul(o, scales[g])
+                lo = builder.or_(builder.and_(we, _vsplat(V32I16, 0xFF)), builder.shl(wo, _vsplat(V32I16, 8)))
+                hi = builder.or_(builder.lshr(we, _vsplat(V32I16, 8)), builder.and_(wo, _vsplat(V32I16, 0xFF00)))
+                _store(builder, lo, out, LO + 1024 * k + 64 * g)
+                _store(builder, hi, out, HI + 1024 * k + 64 * g)
+    if q6:
+        _store(builder, load_bytes(builder, rec, 0, V16F32), out, DV)
+        return
+    for at, dst, neg in ((0, DV, False), (32, NDM, True)):
+        f = builder.fpext(builder.bitcast(load_bytes(builder, rec, at, V16I16), ir.VectorType(ir.HalfType(), 16)), V16F32)
+        _store(builder, builder.fneg(f) if neg else f, out, dst)
+    for p in range(4):
+        a, b = (builder.zext(load_bytes(builder, rec, 192 + 16 * j, V16I8), V16I32) for j in (2 * p, 2 * p + 1))
+        _store(builder, builder.or_(a, builder.shl(b, _vsplat(V16I32, 16))), out, MNP + 64 * p)
+
+
+def _make_prep(qtype: int):
+    @intrinsic
+    def prep(typingctx, w, w_off, bbuf, b_off):
+        """The B buffer of the record at w + w_off (bytes) into bbuf + b_off (_emit_prep)."""
+        def codegen(context, builder, sig, args):
+            _emit_prep(builder, qtype, _ptr(context, builder, sig, args, 0, 1),
+                       _ptr(context, builder, sig, args, 2, 3))
+            return context.get_dummy_value()
+        return types.void(w, w_off, bbuf, b_off), codegen
+    return prep
+
+
+def _tdp_text(pair: bool) -> str:
+    """$0 A of tile 0, $1 A of tile 1, $2 A's stride, $3 B buffer, $4 C slot, $5 = 64."""
+    lines = [f"tilezero %tmm{t}" for t in (range(4) if pair else range(2))]
+    for k in range(4):
+        lines += [f"tileloadd {LO + 1024 * k}($3,$5,1), %tmm6", f"tileloadd {HI + 1024 * k}($3,$5,1), %tmm7",
+                  f"tileloadd {64 * k}($0,$2,1), %tmm4", "tdpbsud %tmm6, %tmm4, %tmm0", "tdpbssd %tmm7, %tmm4, %tmm1"]
+        if pair:
+            lines += [f"tileloadd {64 * k}($1,$2,1), %tmm5", "tdpbsud %tmm6, %tmm5, %tmm2",
+                      "tdpbssd %tmm7, %tmm5, %tmm3"]
+    lines += [f"tilestored %tmm{t}, {1024 * t}($4,$5,1)" for t in (range(4) if pair else range(2))]
+    return "\n\t".join(lines)
+
+
+def _make_tdp(pair: bool):
+    text = _tdp_text(pair)
+
+    @intrinsic
+    def tdp(typingctx, xa, a_off, a_stride, bbuf, b_off, cbuf, c_off):
+        """C slot at cbuf + c_off (bytes; C_lo, C_hi of tile 0, then of tile 1) = the super-block's
+        products of 16 (pair: 32) activation rows at xa + a_off, rows a_stride bytes apart."""
+        def codegen(context, builder, sig, args):
+            a0 = _ptr(context, builder, sig, args, 0, 1)
+            stride = context.cast(builder, args[2], sig.args[2], types.int64)
+            a1 = builder.gep(a0, [builder.mul(stride, I64(M_TILE))])
+            ops = [a0, a1, stride, _ptr(context, builder, sig, args, 3, 4),
+                   _ptr(context, builder, sig, args, 5, 6), I64(64)]
+            amx.asm(builder, text, "r,r,r,r,r,r,~{memory}", ops)
+            return context.get_dummy_value()
+        return types.void(xa, a_off, a_stride, bbuf, b_off, cbuf, c_off), codegen
+    return tdp
+
+
+def _make_update(mins: bool, rows: int):
+    @intrinsic
+    def update(typingctx, cbuf, c_off, bbuf, b_off, dxp, xbp, q0, acc, acc_off):
+        """For the `rows` activation rows i of a C slot (lane = weight row):
+            isum = (C_hi << 8) + C_lo;  a = fma(float(isum), d · dx[q0 + i], acc[acc_off + 16 i …])
+            imin = Σ_p vpdpwssd(mn pair p, xbp[q0 + i, p]);  a = fma(float(imin), −dmin · dx, a)
+        and a back into acc."""
+        def codegen(context, builder, sig, args):
+            c, bb = _ptr(context, builder, sig, args, 0, 1), _ptr(context, builder, sig, args, 2, 3)
+            dx = builder.bitcast(_ptr(context, builder, sig, args, 4), F32.as_pointer())
+            xb = builder.bitcast(_ptr(context, builder, sig, args, 5), I32.as_pointer())
+            accp = builder.bitcast(_ptr(context, builder, sig, args, 7), F32.as_pointer())
+            q0, a0 = (context.cast(builder, args[i], sig.args[i], types.int64) for i in (6, 8))
+            dv = load_bytes(builder, bb, DV, V16F32)
+            ndm = load_bytes(builder, bb, NDM, V16F32)
+            mnp = [load_bytes(builder, bb, MNP + 64 * p, V16I32) for p in range(4)]
+            dpw = builder.module.declare_intrinsic(
+                "llvm.x86.avx512.vpdpwssd.512", fnty=ir.FunctionType(V16I32, [V16I32] * 3))
+            for i in range(rows):
+                base = 2048 * (i // M_TILE) + 64 * (i % M_TILE)
+                isum = builder.add(builder.shl(load_bytes(builder, c, base + 1024, V16I32), _vsplat(V16I32, 8)),
+                                   load_bytes(builder, c, base, V16I32))
+                dxs = splat(builder, builder.load(builder.gep(dx, [builder.add(q0, I64(i))])), 16)
+                ap = builder.bitcast(builder.gep(accp, [builder.add(a0, I64(16 * i))]), V16F32.as_pointer())
+                a = fma_v16f32(builder, builder.sitofp(isum, V16F32), builder.fmul(dv, dxs), builder.load(ap, align=4))
+                if mins:
+                    imin = ir.Constant(V16I32, [0] * 16)
+                    for p in range(4):
+                        xp = builder.load(builder.gep(xb, [builder.add(builder.mul(builder.add(q0, I64(i)), I64(4)), I64(p))]))
+                        imin = builder.call(dpw, [imin, mnp[p], splat(builder, xp, 16)])
+                    a = fma_v16f32(builder, builder.sitofp(imin, V16F32), builder.fmul(ndm, dxs), a)
+                builder.store(a, ap, align=4)
+            return context.get_dummy_value()
+        return types.void(cbuf, c_off, bbuf, b_off, dxp, xbp, q0, acc, acc_off), codegen
+    return update
+
+
+_TDP1, _TDP2 = _make_tdp(False), _make_tdp(True)
+
+
+def _make_driver(qtype: int):
+    prep, rec = _make_prep(qtype), RECORD[qtype]
+    upd1, upd2 = _make_update(qtype != Q6_K, M_TILE), _make_update(qtype != Q6_K, 2 * M_TILE)
+
+    @njit(cache=True, nogil=True, parallel=True)
+    def driver(cfg, wi, xa, dxp, xbp, m_rows, mblk, out, n_chunks):
+        """Runs of weight tiles under prange; per thread: row blocks of mblk activation rows,
+        each tile, each super-block (B prepared once), the activation tiles by pairs."""
+        n_tiles, nb, mp = wi.shape[0], dxp.shape[0], dxp.shape[1]
+        wf, xf, dxf, xbf = wi.reshape(-1), xa.reshape(-1), dxp.reshape(-1), xbp.reshape(-1)
+        for ch in prange(n_chunks):
+            amx.load_config(cfg)                  # per thread: a worker starts with none
+            scratch = np.empty(BBUF + 2 * 4096 + 64, np.uint8)
+            bo = (64 - scratch.ctypes.data % 64) % 64     # B buffer, then two C slots: 64-aligned
+            co = bo + BBUF
+            acc = np.empty(mblk * ROWS, np.float32)
+            for m0 in range(0, mp, mblk):
+                nmt = (min(mp, m0 + mblk) - m0) // M_TILE
+                npair = nmt // 2
+                for t in range(ch * n_tiles // n_chunks, (ch + 1) * n_tiles // n_chunks):
+                    acc[:] = 0
+                    for b in range(nb):
+                        prep(wf, (t * nb + b) * rec, scratch, bo)
+                        q0 = b * mp + m0
+                        if npair:
+                            _TDP2(xf, q0 * QK_K, QK_K, scratch, bo, scratch, co)
+                        else:
+                            _TDP1(xf, q0 * QK_K, QK_K, scratch, bo, scratch, co)
+                        for p in range(npair):
+                            nxt = (q0 + 2 * M_TILE * (p + 1)) * QK_K
+                            if p + 1 < npair:
+                                _TDP2(xf, nxt, QK_K, scratch, bo, scratch, co + ((p + 1) & 1) * 4096)
+                            elif nmt & 1:
+                                _TDP1(xf, nxt, QK_K, scratch, bo, scratch, co + ((p + 1) & 1) * 4096)
+                            upd2(scratch, co + (p & 1) * 4096, scratch, bo, dxf, xbf,
+                                 q0 + 2 * M_TILE * p, acc, 2 * M_TILE * ROWS * p)
+                        if nmt & 1:
+                            upd1(scratch, co + (npair & 1) * 4096, scratch, bo, dxf, xbf,
+                                 q0 + 2 * M_TILE * npair, acc, 2 * M_TILE * ROWS * npair)
+                    for i in range(min(nmt * M_TILE, m_rows - m0)):
+                        for r in range(ROWS):
+                            out[m0 + i, t * ROWS + r] = acc[ROWS * i + r]
+            amx.release()
+
+    return driver
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _acts(xq, xd, xbs, xa, dxp, xbp):
+    """The Q8_K activations padded to mp rows (zeros past M): xa int8 (nb, mp, 256) the codes as
+    stored, dxp float32 (nb, mp), xbp int32 (nb, mp, 4) = the word pairs of the sums per 32
+    (sub-blocks 2p, 2p + 1), as vpdpwssd reads them."""
+    nb, m_rows = xd.shape
+    for b in prange(nb):
+        for m in range(dxp.shape[1]):
+            if m < m_rows:
+                xa[b, m, :] = xq[b, m, :]
+                dxp[b, m] = xd[b, m]
+                for p in range(4):
+                    s0 = np.int32(xbs[b, m, 4 * p]) + np.int32(xbs[b, m, 4 * p + 1])
+                    s1 = np.int32(xbs[b, m, 4 * p + 2]) + np.int32(xbs[b, m, 4 * p + 3])
+                    xbp[b, m, p] = (s0 & 0xFFFF) | (s1 << 16)
+            else:
+                xa[b, m, :] = 0
+                dxp[b, m] = 0
+                xbp[b, m, :] = 0
+
+
+def _aligned(shape: tuple, dtype) -> np.ndarray:
+    """An uninitialized array whose data starts on a 64-byte boundary (a cache line)."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.empty(size + 64, np.uint8)
+    at = -raw.ctypes.data % 64
+    return raw[at:at + size].view(dtype).reshape(shape)
+
+
+_DRIVERS = {qt: _make_driver(qt) for qt in RECORD}
+
+
+def matmul(qtype: int, wi: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.ndarray,
+           out: np.ndarray) -> None:
+    """out (M, N) float32 = x · Wᵀ on the tiles, W interleaved (kquants_x16) and x quantized by
+    q8k.quantize_q8_k: reference.kquant_dot's numbers bit for bit, for any M (worth it from MIN_M)."""
+    if not amx.available():
+        raise RuntimeError(f"AMX is not usable here: {amx.status()}")
+    nb, m_rows = xd.shape
+    mp = -(-m_rows // M_TILE) * M_TILE
+    xa, dxp, xbp = _aligned((nb, mp, QK_K), np.int8), _aligned((nb, mp), np.float32), _aligned((nb, mp, 4), np.int32)
+    _acts(xq, xd, xbs, xa, dxp, xbp)
+    mblk = max(2 * M_TILE, min(mp, A_BYTES // (nb * QK_K) // (2 * M_TILE) * 2 * M_TILE))
+    n_chunks = max(1, min(get_num_threads(), wi.shape[0]))
+    _DRIVERS[qtype](CONFIG, wi, xa, dxp, xbp, m_rows, mblk, out, n_chunks)
