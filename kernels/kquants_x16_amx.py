@@ -115,7 +115,8 @@ def _emit_prep(builder, qtype: int, rec, out) -> None:
         _store(builder, load_bytes(builder, rec, 0, V16F32), out, DV)
         return
     for at, dst, neg in ((0, DV, False), (32, NDM, True)):
-        f = builder.fpext(builder.bitcast(load_bytes(builder, rec, at, V16I16), ir.VectorType(ir.HalfType(), 16)), V16F32)
+        half = builder.bitcast(load_bytes(builder, rec, at, V16I16), ir.VectorType(ir.HalfType(), 16))
+        f = builder.fpext(half, V16F32)                 # vcvtph2ps: exact
         _store(builder, builder.fneg(f) if neg else f, out, dst)
     for p in range(4):
         a, b = (builder.zext(load_bytes(builder, rec, 192 + 16 * j, V16I8), V16I32) for j in (2 * p, 2 * p + 1))
@@ -193,8 +194,9 @@ def _make_update(mins: bool, rows: int):
                 a = fma_v16f32(builder, builder.sitofp(isum, V16F32), builder.fmul(dv, dxs), builder.load(ap, align=4))
                 if mins:
                     imin = ir.Constant(V16I32, [0] * 16)
+                    row = builder.mul(builder.add(q0, I64(i)), I64(4))
                     for p in range(4):
-                        xp = builder.load(builder.gep(xb, [builder.add(builder.mul(builder.add(q0, I64(i)), I64(4)), I64(p))]))
+                        xp = builder.load(builder.gep(xb, [builder.add(row, I64(p))]))
                         imin = builder.call(dpw, [imin, mnp[p], splat(builder, xp, 16)])
                     a = fma_v16f32(builder, builder.sitofp(imin, V16F32), builder.fmul(ndm, dxs), a)
                 builder.store(a, ap, align=4)
