@@ -208,7 +208,9 @@ def _make_update(mins: bool, rows: int):
 _TDP1, _TDP2 = _make_tdp(False), _make_tdp(True)
 
 
-def _make_driver(qtype: int):
+def _make_driver(qtype: int, tiles: bool = True, update: bool = True):
+    """The driver of qtype; without ``tiles`` / ``update`` (benchmarks/x16_amx.py's bound:
+    each part timed alone) the result is garbage."""
     prep, rec = _make_prep(qtype), RECORD[qtype]
     upd1, upd2 = _make_update(qtype != Q6_K, M_TILE), _make_update(qtype != Q6_K, 2 * M_TILE)
 
@@ -232,19 +234,24 @@ def _make_driver(qtype: int):
                     for b in range(nb):
                         prep(wf, (t * nb + b) * rec, scratch, bo)
                         q0 = b * mp + m0
-                        if npair:
+                        if not tiles:
+                            pass
+                        elif npair:
                             _TDP2(xf, q0 * QK_K, QK_K, scratch, bo, scratch, co)
                         else:
                             _TDP1(xf, q0 * QK_K, QK_K, scratch, bo, scratch, co)
                         for p in range(npair):
                             nxt = (q0 + 2 * M_TILE * (p + 1)) * QK_K
-                            if p + 1 < npair:
+                            if not tiles:
+                                pass
+                            elif p + 1 < npair:
                                 _TDP2(xf, nxt, QK_K, scratch, bo, scratch, co + ((p + 1) & 1) * 4096)
                             elif nmt & 1:
                                 _TDP1(xf, nxt, QK_K, scratch, bo, scratch, co + ((p + 1) & 1) * 4096)
-                            upd2(scratch, co + (p & 1) * 4096, scratch, bo, dxf, xbf,
-                                 q0 + 2 * M_TILE * p, acc, 2 * M_TILE * ROWS * p)
-                        if nmt & 1:
+                            if update:
+                                upd2(scratch, co + (p & 1) * 4096, scratch, bo, dxf, xbf,
+                                     q0 + 2 * M_TILE * p, acc, 2 * M_TILE * ROWS * p)
+                        if nmt & 1 and update:
                             upd1(scratch, co + (npair & 1) * 4096, scratch, bo, dxf, xbf,
                                  q0 + 2 * M_TILE * npair, acc, 2 * M_TILE * ROWS * npair)
                     for i in range(min(nmt * M_TILE, m_rows - m0)):
@@ -291,7 +298,12 @@ def matmul(qtype: int, wi: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.n
            out: np.ndarray) -> None:
     """out (M, N) float32 = x · Wᵀ on the tiles, W interleaved (kquants_x16) and x quantized by
     q8k.quantize_q8_k: reference.kquant_dot's numbers bit for bit, for any M (worth it from MIN_M)."""
-    if not amx.available():
+    run(_DRIVERS[qtype], wi, xq, xd, xbs, out)
+
+
+def run(driver, wi: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.ndarray, out: np.ndarray) -> None:
+    """matmul through ``driver`` (one of _DRIVERS, or a _make_driver variant)."""
+    if not amx.available():                       # also asks Linux for the tile data, once
         raise RuntimeError(f"AMX is not usable here: {amx.status()}")
     nb, m_rows = xd.shape
     mp = -(-m_rows // M_TILE) * M_TILE
@@ -299,4 +311,4 @@ def matmul(qtype: int, wi: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.n
     _acts(xq, xd, xbs, xa, dxp, xbp)
     mblk = max(2 * M_TILE, min(mp, A_BYTES // (nb * QK_K) // (2 * M_TILE) * 2 * M_TILE))
     n_chunks = max(1, min(get_num_threads(), wi.shape[0]))
-    _DRIVERS[qtype](CONFIG, wi, xa, dxp, xbp, m_rows, mblk, out, n_chunks)
+    driver(CONFIG, wi, xa, dxp, xbp, m_rows, mblk, out, n_chunks)
