@@ -135,89 +135,91 @@ def _make_prep(qtype: int):
     return prep
 
 
-def _tdp_text(pair: bool) -> str:
-    """$0 A of tile 0, $1 A of tile 1, $2 A's stride, $3 B buffer, $4 C slot, $5 = 64."""
-    lines = [f"tilezero %tmm{t}" for t in (range(4) if pair else range(2))]
-    for k in range(4):
-        lines += [f"tileloadd {LO + 1024 * k}($3,$5,1), %tmm6", f"tileloadd {HI + 1024 * k}($3,$5,1), %tmm7",
-                  f"tileloadd {64 * k}($0,$2,1), %tmm4", "tdpbsud %tmm6, %tmm4, %tmm0", "tdpbssd %tmm7, %tmm4, %tmm1"]
-        if pair:
-            lines += [f"tileloadd {64 * k}($1,$2,1), %tmm5", "tdpbsud %tmm6, %tmm5, %tmm2",
-                      "tdpbssd %tmm7, %tmm5, %tmm3"]
-    lines += [f"tilestored %tmm{t}, {1024 * t}($4,$5,1)" for t in (range(4) if pair else range(2))]
+def _tdp_text(pair: bool, k: int) -> str:
+    """Step k of a super-block's tile products: $0 A of tile 0, $1 A of tile 1, $2 A's stride,
+    $3 the B buffer, $4 the C slot, $5 = 64.  C is zeroed before step 0, stored after step 3."""
+    c_tiles = range(4) if pair else range(2)
+    lines = [f"tilezero %tmm{t}" for t in c_tiles] if k == 0 else []
+    lines += [f"tileloadd {LO + 1024 * k}($3,$5,1), %tmm6", f"tileloadd {HI + 1024 * k}($3,$5,1), %tmm7",
+              f"tileloadd {64 * k}($0,$2,1), %tmm4", "tdpbsud %tmm6, %tmm4, %tmm0", "tdpbssd %tmm7, %tmm4, %tmm1"]
+    if pair:
+        lines += [f"tileloadd {64 * k}($1,$2,1), %tmm5", "tdpbsud %tmm6, %tmm5, %tmm2", "tdpbssd %tmm7, %tmm5, %tmm3"]
+    if k == 3:
+        lines += [f"tilestored %tmm{t}, {1024 * t}($4,$5,1)" for t in c_tiles]
     return "\n\t".join(lines)
 
 
-def _make_tdp(pair: bool):
-    text = _tdp_text(pair)
+def _emit_update(builder, mins: bool, c, bb, dx, xb, accp, q0, a0, rows) -> None:
+    """For the activation rows i in ``rows`` of the C slot at i8* c (lane = weight row):
+        isum = (C_hi << 8) + C_lo;  a = fma(float(isum), d · dx[q0 + i], acc[a0 + 16 i …])
+        imin = Σ_p vpdpwssd(mn pair p, xbp[q0 + i, p]);  a = fma(float(imin), −dmin · dx, a)
+    and a back into acc."""
+    dv = load_bytes(builder, bb, DV, V16F32)
+    ndm = load_bytes(builder, bb, NDM, V16F32)
+    mnp = [load_bytes(builder, bb, MNP + 64 * p, V16I32) for p in range(4)]
+    dpw = builder.module.declare_intrinsic(
+        "llvm.x86.avx512.vpdpwssd.512", fnty=ir.FunctionType(V16I32, [V16I32] * 3))
+    for i in rows:
+        base = 2048 * (i // M_TILE) + 64 * (i % M_TILE)
+        isum = builder.add(builder.shl(load_bytes(builder, c, base + 1024, V16I32), _vsplat(V16I32, 8)),
+                           load_bytes(builder, c, base, V16I32))
+        dxs = splat(builder, builder.load(builder.gep(dx, [builder.add(q0, I64(i))])), 16)
+        ap = builder.bitcast(builder.gep(accp, [builder.add(a0, I64(16 * i))]), V16F32.as_pointer())
+        a = fma_v16f32(builder, builder.sitofp(isum, V16F32), builder.fmul(dv, dxs), builder.load(ap, align=4))
+        if mins:
+            imin = ir.Constant(V16I32, [0] * 16)
+            row = builder.mul(builder.add(q0, I64(i)), I64(4))
+            for p in range(4):
+                xp = builder.load(builder.gep(xb, [builder.add(row, I64(p))]))
+                imin = builder.call(dpw, [imin, mnp[p], splat(builder, xp, 16)])
+            a = fma_v16f32(builder, builder.sitofp(imin, V16F32), builder.fmul(ndm, dxs), a)
+        builder.store(a, ap, align=4)
 
+
+def _make_step(mins: bool, nxt: int, prev: int, tiles: bool = True, update: bool = True, side: bool = True):
+    """step(xa, a_off, scratch, b_off, c_next, c_prev, dxp, xbp, q0, acc, acc_off): the tile
+    products of the next nxt (0, 16 or 32) activation rows at xa + a_off into the C slot at
+    scratch + c_next, interleaved step by step with the update of the prev (0, 16, 32) rows
+    whose C is at scratch + c_prev (_emit_update, rows q0 …; acc from acc_off): the tile unit
+    and the vector units work side by side (side=False: all products first, then the
+    update, for the comparison).  The B buffer is at scratch + b_off."""
     @intrinsic
-    def tdp(typingctx, xa, a_off, a_stride, bbuf, b_off, cbuf, c_off):
-        """C slot at cbuf + c_off (bytes; C_lo, C_hi of tile 0, then of tile 1) = the super-block's
-        products of 16 (pair: 32) activation rows at xa + a_off, rows a_stride bytes apart."""
+    def step(typingctx, xa, a_off, scratch, b_off, c_next, c_prev, dxp, xbp, q0, acc, acc_off):
         def codegen(context, builder, sig, args):
+            def arg(i):
+                return context.cast(builder, args[i], sig.args[i], types.int64)
             a0 = _ptr(context, builder, sig, args, 0, 1)
-            stride = context.cast(builder, args[2], sig.args[2], types.int64)
-            a1 = builder.gep(a0, [builder.mul(stride, I64(M_TILE))])
-            ops = [a0, a1, stride, _ptr(context, builder, sig, args, 3, 4),
-                   _ptr(context, builder, sig, args, 5, 6), I64(64)]
-            amx.asm(builder, text, "r,r,r,r,r,r,~{memory}", ops)
+            sp = _ptr(context, builder, sig, args, 2)
+            bb = builder.gep(sp, [arg(3)])
+            ops = [a0, builder.gep(a0, [I64(QK_K * M_TILE)]), I64(QK_K), bb, builder.gep(sp, [arg(4)]), I64(64)]
+            dx = builder.bitcast(_ptr(context, builder, sig, args, 6), F32.as_pointer())
+            xb = builder.bitcast(_ptr(context, builder, sig, args, 7), I32.as_pointer())
+            accp = builder.bitcast(_ptr(context, builder, sig, args, 9), F32.as_pointer())
+            parts = [(k, k * prev // 4, (k + 1) * prev // 4) for k in range(4)] if side else \
+                [(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, prev)]
+            for k, r0, r1 in parts:
+                if nxt and tiles:
+                    amx.asm(builder, _tdp_text(nxt == 2 * M_TILE, k), "r,r,r,r,r,r,~{memory}", ops)
+                if r1 > r0 and update:
+                    _emit_update(builder, mins, builder.gep(sp, [arg(5)]), bb, dx, xb, accp, arg(8), arg(10),
+                                 range(r0, r1))
             return context.get_dummy_value()
-        return types.void(xa, a_off, a_stride, bbuf, b_off, cbuf, c_off), codegen
-    return tdp
+        return types.void(xa, a_off, scratch, b_off, c_next, c_prev, dxp, xbp, q0, acc, acc_off), codegen
+    return step
 
 
-def _make_update(mins: bool, rows: int):
-    @intrinsic
-    def update(typingctx, cbuf, c_off, bbuf, b_off, dxp, xbp, q0, acc, acc_off):
-        """For the `rows` activation rows i of a C slot (lane = weight row):
-            isum = (C_hi << 8) + C_lo;  a = fma(float(isum), d · dx[q0 + i], acc[acc_off + 16 i …])
-            imin = Σ_p vpdpwssd(mn pair p, xbp[q0 + i, p]);  a = fma(float(imin), −dmin · dx, a)
-        and a back into acc."""
-        def codegen(context, builder, sig, args):
-            c, bb = _ptr(context, builder, sig, args, 0, 1), _ptr(context, builder, sig, args, 2, 3)
-            dx = builder.bitcast(_ptr(context, builder, sig, args, 4), F32.as_pointer())
-            xb = builder.bitcast(_ptr(context, builder, sig, args, 5), I32.as_pointer())
-            accp = builder.bitcast(_ptr(context, builder, sig, args, 7), F32.as_pointer())
-            q0, a0 = (context.cast(builder, args[i], sig.args[i], types.int64) for i in (6, 8))
-            dv = load_bytes(builder, bb, DV, V16F32)
-            ndm = load_bytes(builder, bb, NDM, V16F32)
-            mnp = [load_bytes(builder, bb, MNP + 64 * p, V16I32) for p in range(4)]
-            dpw = builder.module.declare_intrinsic(
-                "llvm.x86.avx512.vpdpwssd.512", fnty=ir.FunctionType(V16I32, [V16I32] * 3))
-            for i in range(rows):
-                base = 2048 * (i // M_TILE) + 64 * (i % M_TILE)
-                isum = builder.add(builder.shl(load_bytes(builder, c, base + 1024, V16I32), _vsplat(V16I32, 8)),
-                                   load_bytes(builder, c, base, V16I32))
-                dxs = splat(builder, builder.load(builder.gep(dx, [builder.add(q0, I64(i))])), 16)
-                ap = builder.bitcast(builder.gep(accp, [builder.add(a0, I64(16 * i))]), V16F32.as_pointer())
-                a = fma_v16f32(builder, builder.sitofp(isum, V16F32), builder.fmul(dv, dxs), builder.load(ap, align=4))
-                if mins:
-                    imin = ir.Constant(V16I32, [0] * 16)
-                    row = builder.mul(builder.add(q0, I64(i)), I64(4))
-                    for p in range(4):
-                        xp = builder.load(builder.gep(xb, [builder.add(row, I64(p))]))
-                        imin = builder.call(dpw, [imin, mnp[p], splat(builder, xp, 16)])
-                    a = fma_v16f32(builder, builder.sitofp(imin, V16F32), builder.fmul(ndm, dxs), a)
-                builder.store(a, ap, align=4)
-            return context.get_dummy_value()
-        return types.void(cbuf, c_off, bbuf, b_off, dxp, xbp, q0, acc, acc_off), codegen
-    return update
-
-
-_TDP1, _TDP2 = _make_tdp(False), _make_tdp(True)
-
-
-def _make_driver(qtype: int, tiles: bool = True, update: bool = True):
+def _make_driver(qtype: int, tiles: bool = True, update: bool = True, side: bool = True):
     """The driver of qtype; without ``tiles`` / ``update`` (benchmarks/x16_amx.py's bound:
-    each part timed alone) the result is garbage."""
-    prep, rec = _make_prep(qtype), RECORD[qtype]
-    upd1, upd2 = _make_update(qtype != Q6_K, M_TILE), _make_update(qtype != Q6_K, 2 * M_TILE)
+    each part timed alone) the result is garbage; side: _make_step's."""
+    prep, rec, mins, two = _make_prep(qtype), RECORD[qtype], qtype != Q6_K, 2 * M_TILE
+    s20, s10, s22, s12, s02, s01 = (_make_step(mins, n, p, tiles, update, side) for n, p in
+                                    ((two, 0), (M_TILE, 0), (two, two), (M_TILE, two), (0, two), (0, M_TILE)))
 
     @njit(cache=True, nogil=True, parallel=True)
     def driver(cfg, wi, xa, dxp, xbp, m_rows, mblk, out, n_chunks):
         """Runs of weight tiles under prange; per thread: row blocks of mblk activation rows,
-        each tile, each super-block (B prepared once), the activation tiles by pairs."""
+        each tile, each super-block (B prepared once), the activation tiles by pairs, the
+        products of the next pair issued beside the update of this one (two C slots)."""
         n_tiles, nb, mp = wi.shape[0], dxp.shape[0], dxp.shape[1]
         wf, xf, dxf, xbf = wi.reshape(-1), xa.reshape(-1), dxp.reshape(-1), xbp.reshape(-1)
         for ch in prange(n_chunks):
@@ -228,35 +230,29 @@ def _make_driver(qtype: int, tiles: bool = True, update: bool = True):
             acc = np.empty(mblk * ROWS, np.float32)
             for m0 in range(0, mp, mblk):
                 nmt = (min(mp, m0 + mblk) - m0) // M_TILE
-                npair = nmt // 2
+                npair, odd = nmt // 2, nmt % 2
                 for t in range(ch * n_tiles // n_chunks, (ch + 1) * n_tiles // n_chunks):
                     acc[:] = 0
                     for b in range(nb):
                         prep(wf, (t * nb + b) * rec, scratch, bo)
                         q0 = b * mp + m0
-                        if not tiles:
-                            pass
-                        elif npair:
-                            _TDP2(xf, q0 * QK_K, QK_K, scratch, bo, scratch, co)
+                        if npair:
+                            s20(xf, q0 * QK_K, scratch, bo, co, co, dxf, xbf, q0, acc, 0)
                         else:
-                            _TDP1(xf, q0 * QK_K, QK_K, scratch, bo, scratch, co)
+                            s10(xf, q0 * QK_K, scratch, bo, co, co, dxf, xbf, q0, acc, 0)
                         for p in range(npair):
-                            nxt = (q0 + 2 * M_TILE * (p + 1)) * QK_K
-                            if not tiles:
-                                pass
-                            elif p + 1 < npair:
-                                _TDP2(xf, nxt, QK_K, scratch, bo, scratch, co + ((p + 1) & 1) * 4096)
-                            elif nmt & 1:
-                                _TDP1(xf, nxt, QK_K, scratch, bo, scratch, co + ((p + 1) & 1) * 4096)
-                            if update:
-                                upd2(scratch, co + (p & 1) * 4096, scratch, bo, dxf, xbf,
-                                     q0 + 2 * M_TILE * p, acc, 2 * M_TILE * ROWS * p)
-                        if nmt & 1 and update:
-                            upd1(scratch, co + (npair & 1) * 4096, scratch, bo, dxf, xbf,
-                                 q0 + 2 * M_TILE * npair, acc, 2 * M_TILE * ROWS * npair)
+                            nxt, cn, cp = (q0 + two * (p + 1)) * QK_K, co + ((p + 1) & 1) * 4096, co + (p & 1) * 4096
+                            if p + 1 < npair:
+                                s22(xf, nxt, scratch, bo, cn, cp, dxf, xbf, q0 + two * p, acc, two * ROWS * p)
+                            elif odd:
+                                s12(xf, nxt, scratch, bo, cn, cp, dxf, xbf, q0 + two * p, acc, two * ROWS * p)
+                            else:
+                                s02(xf, 0, scratch, bo, cn, cp, dxf, xbf, q0 + two * p, acc, two * ROWS * p)
+                        if odd:
+                            s01(xf, 0, scratch, bo, co, co + (npair & 1) * 4096, dxf, xbf, q0 + two * npair,
+                                acc, two * ROWS * npair)
                     for i in range(min(nmt * M_TILE, m_rows - m0)):
-                        for r in range(ROWS):
-                            out[m0 + i, t * ROWS + r] = acc[ROWS * i + r]
+                        out[m0 + i, t * ROWS:(t + 1) * ROWS] = acc[ROWS * i:ROWS * (i + 1)]
             amx.release()
 
     return driver
