@@ -28,7 +28,7 @@ are issued before this pair's update reads its C (two C slots).
 Integers are exact and each (m, n) sees the contract's two FMAs per super-block in order, so
 every output row is bitwise reference.kquant_dot's and independent of the others
 (tests/kernels/test_kquants_x16_amx.py).  Loop order per thread (a run of weight tiles):
-activation rows in blocks of at most ~1 MiB of codes (L2), each weight tile, each
+activation rows in blocks of at most A_BYTES of codes (about L2), each weight tile, each
 super-block (its B prepared once, L1), each pair of activation tiles.
 
     wi           uint8 (N/16, nb · RECORD): kquants_x16.interleave's records
@@ -48,7 +48,7 @@ from .kquants_x16 import RECORD, ROWS
 
 MIN_M = 16                      # the recommended smallest pass for the tiles (docs/architecture.md)
 M_TILE = 16                     # activation rows per A tile
-A_BYTES = 1 << 20               # activation codes per row block (L2-resident across weight tiles)
+A_BYTES = 1 << 21               # activation codes per row block (about L2: fewer B preps for long rows, measured)
 QS_AT = {Q4_K: 320, Q5_K: 832, Q6_K: 1344}      # the low-nibble code vectors in a record
 QH_AT = 320                                     # Q5_K / Q6_K high bits
 LO, HI, DV, NDM, MNP, BBUF = 0, 4096, 8192, 8256, 8320, 8576   # the B buffer's parts (bytes)
