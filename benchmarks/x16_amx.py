@@ -153,8 +153,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench-results"))
     ap.add_argument("--worker", choices=("x16", "base", "model"))
     ap.add_argument("--no-model", action="store_true", help="kernels only (no pp512 passes, no llama-bench)")
+    ap.add_argument("--ms", default="16,64,128,512", help="part 1's activation rows, e.g. 8,9,16,32")
     ap.add_argument("--kernels-from", type=Path, help="take part 1 from this earlier JSON (part 2 only)")
     args = ap.parse_args()
+    global MS
+    MS = tuple(int(m) for m in args.ms.split(","))
     if args.worker:
         print(json.dumps(worker(args.worker, args.reps) if args.worker != "model" else model_pass(args.reps)))
         return
@@ -167,7 +170,7 @@ def main() -> None:
     best: dict = json.loads(args.kernels_from.read_text())["runs"] if args.kernels_from else {}
     for r in range(0 if args.kernels_from else args.rounds):
         for label, (cmd, cwd, env) in runs.items():
-            got = _run(cmd + ["--reps", str(args.reps)], cwd, env)
+            got = _run(cmd + ["--reps", str(args.reps), "--ms", args.ms], cwd, env)
             for part, rows in got.items():
                 for key, v in rows.items():
                     slot = best.setdefault(label, {}).setdefault(part, {})

@@ -294,6 +294,13 @@ def matmul(qtype: int, wi: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.n
            out: np.ndarray) -> None:
     """out (M, N) float32 = x · Wᵀ on the tiles, W interleaved (kquants_x16) and x quantized by
     q8k.quantize_q8_k: reference.kquant_dot's numbers bit for bit, for any M (worth it from MIN_M)."""
+    nb, m_rows = xd.shape
+    if wi.dtype != np.uint8 or wi.ndim != 2 or wi.shape[1] != nb * RECORD[qtype] or not wi.flags.c_contiguous:
+        raise ValueError(f"weights must be kquants_x16 records, uint8 (N/16, {nb} · {RECORD[qtype]})")
+    if xq.shape != (nb, m_rows, QK_K) or xbs.shape != (nb, m_rows, 16):
+        raise ValueError("activations must be as q8k.quantize_q8_k returns them")
+    if out.shape != (m_rows, ROWS * wi.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {(m_rows, ROWS * wi.shape[0])}")
     run(_DRIVERS[qtype], wi, xq, xd, xbs, out)
 
 
