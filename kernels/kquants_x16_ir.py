@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 from .formats import FORMATS, Q4_K, Q5_K, Q6_K, QK_K
 from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_chain, fma_v16f32,
                  have_avx2, have_f16c, have_vnni512, join, load_bytes, prefetch, shuffle,
-                 shuffle2, splat, splat_v16f32, switch_static, vector_type)
+                 splat, splat_v16f32, switch_static, vector_type)
 
 ROWS = 16
 RECORD = {Q4_K: 2368, Q5_K: 2880, Q6_K: 3392}      # as kquants_x16.RECORD
