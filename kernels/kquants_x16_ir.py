@@ -44,7 +44,7 @@ QS_AT = {Q4_K: 320, Q5_K: 832, Q6_K: 1344}         # the low-nibble code vectors
 MAX_STATIC_M = 17      # one register-resident path per M up to this (draft-n 16 + 1)
 PASS_M = 8             # M > MAX_STATIC_M: activation rows per pass ...
 PASS_TILES = 4         # ... over this many tiles (Q4_K at K = 8960: 330 KB, in L2)
-PREFETCH_AHEAD = 1     # records ahead the tile prefetches (0: the hardware prefetcher alone)
+PREFETCH_BYTES = int(__import__("os").environ.get("X16_PF", "2368"))  # EXPERIMENT
 
 V16I8, V16I16, V32I16 = vector_type(I8, 16), vector_type(I16, 16), vector_type(I16, 32)
 U_MAX = {Q4_K: 15, Q5_K: 31, Q6_K: 63}
@@ -221,8 +221,8 @@ def _emit_chunk(builder, qtype, vnni, f16c, wp, x: _Q8K, out, N, c, n_chunks):
             with cgutils.for_range(builder, nblk) as blk:
                 off = builder.mul(builder.add(builder.mul(t, nblk), blk.index), I64(rec_bytes))
                 p = builder.gep(wp, [off], source_etype=I8)
-                for line in range(0, rec_bytes, 64) if PREFETCH_AHEAD else ():
-                    prefetch(builder, builder.gep(p, [I64(PREFETCH_AHEAD * rec_bytes + line)], source_etype=I8))
+                for line in range(0, rec_bytes, 64) if PREFETCH_BYTES else ():
+                    prefetch(builder, builder.gep(p, [I64(PREFETCH_BYTES + line)], source_etype=I8))
                 _emit_record(builder, _Record(builder, p, qtype, f16c), vnni, x, blk.index, m_rows, accs)
             for m, a in zip(m_rows, accs):
                 dst = builder.gep(out, [builder.add(builder.mul(m, N), builder.mul(t, I64(ROWS)))],

@@ -37,7 +37,7 @@ import numpy as np
 
 from .gguf_file import read_into_memory
 
-LAYOUT_VERSION = 1        # kernels/repack.py, kquants_repack.py, engine/requant.py byte layouts
+LAYOUT_VERSION = 2        # kernels/repack.py, kquants_repack.py, kquants_x16.py, engine/requant.py byte layouts
 ENV = "SPECDEC_PREPARED"  # "0" / "off" / "false": neither read nor written
 CHUNK = 64 << 20          # bytes per CRC-32
 ALIGN = 64
