@@ -10,8 +10,9 @@ so the word of values 4w … 4w+3 is dword 16 (w mod 4) + w div 4 of the block):
     dot_j  = Σ_{words of unit j} vpdpbusd(codes, word)   int32 per row; unit j = a sub-block
                                                          of 32 (Q4_K, Q5_K) or a group of 16 (Q6_K)
     isum   = Σ_j dot_j · sc_j                            vpmulld by the unit's 16 scales
-    imin   = Σ_j mn_j · (bsum_2j + bsum_2j+1)            vpmaddwd: (mn, mn) · q8k's int16 bsum pair
-    Q6_K:  isum −= 32 · Σ_g sc_g · bsum_g                vpmaddwd: (sc_2j, sc_2j+1) · bsum pair j
+    imin   = Σ_j mn_j · bs32_j                           vpmaddwd: (mn_2k, mn_2k+1) · (bs32_2k, bs32_2k+1),
+                                                         bs32_j = bsum_2j + bsum_2j+1 (made once per call)
+    Q6_K:  dot_g starts at −32·bsum_g (broadcast)        so that isum = Σ_g sc_g·(dot_g − 32·bsum_g)
     acc    = fma(float(isum), d·dx, acc)                 d: the 16 rows' d, dx broadcast
     acc    = fma(float(imin), −(dmin·dx), acc)           (Q4_K, Q5_K)
 
@@ -28,13 +29,14 @@ xbs int16 (nb, M, 16) (q8k.quantize_q8_k); out float32 (M, N), N = 16 · w.shape
 """
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .formats import FORMATS, Q4_K, Q5_K, Q6_K, QK_K
-from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_chain, fma_v16f32,
+from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_bytes, dpbusd_chain, fma_v16f32,
                  have_avx2, have_f16c, have_vnni512, join, load_bytes, prefetch, shuffle,
                  splat, splat_v16f32, switch_static, vector_type)
 
@@ -44,7 +46,7 @@ QS_AT = {Q4_K: 320, Q5_K: 832, Q6_K: 1344}         # the low-nibble code vectors
 MAX_STATIC_M = 17      # one register-resident path per M up to this (draft-n 16 + 1)
 PASS_M = 8             # M > MAX_STATIC_M: activation rows per pass ...
 PASS_TILES = 4         # ... over this many tiles (Q4_K at K = 8960: 330 KB, in L2)
-PREFETCH_BYTES = int(__import__("os").environ.get("X16_PF", "2368"))  # EXPERIMENT
+PREFETCH_RECORDS = 2   # records ahead the tile prefetches, every cache line (0: none)
 
 V16I8, V16I16, V32I16 = vector_type(I8, 16), vector_type(I16, 16), vector_type(I16, 32)
 U_MAX = {Q4_K: 15, Q5_K: 31, Q6_K: 63}
@@ -146,13 +148,11 @@ class _Record:
                     out.append((self.bytes16(64 + 16 * (2 * c + h), False), words))
         return out
 
-    def bsum_weights(self):
-        """[<32 x i16>] × 8, multiplied by q8k's bsum pair j (dword j of xbs): Q4_K, Q5_K
-        (mn_j, mn_j) -> imin; Q6_K (sc_2j, sc_2j+1) -> the offset term."""
-        if self.qtype == Q6_K:
-            return [_pairs(self.b, self.bytes16(64 + 32 * j, True), self.bytes16(80 + 32 * j, True))
-                    for j in range(8)]
-        return [_pairs(self.b, mn, mn) for mn in (self.bytes16(192 + 16 * j, False) for j in range(8))]
+    def min_weights(self):
+        """Q4_K, Q5_K: [<32 x i16>] × 4, (mn_2k, mn_2k+1) per row: vpmaddwd with the pair
+        k of per-32 bsums (dword k of xb) -> imin."""
+        mn = [self.bytes16(192 + 16 * j, False) for j in range(8)]
+        return [_pairs(self.b, mn[2 * k], mn[2 * k + 1]) for k in range(4)]
 
 
 # ----------------------------------------------------------------------- the update
@@ -164,40 +164,49 @@ class _Q8K:
         self.q, self.d, self.bs, self.M, self.nblk = q, d, bs, M, nblk
 
 
+def _dot(builder, vnni: bool, words, xs, u_max: int, start):
+    """start (<16 x i32> or None) + Σ vpdpbusd(codes, word): one chain from start with VNNI,
+    ir.dpbusd_chain (int16 pair sums) plus start otherwise."""
+    if vnni and start is not None:
+        acc = start
+        for u, xw in zip(words, xs):
+            acc = dpbusd_bytes(builder, True, acc, u, xw)
+        return acc
+    dot = dpbusd_chain(builder, vnni, words, xs, u_max)
+    return dot if start is None else builder.add(dot, start)
+
+
 def _emit_record(builder, rec: _Record, vnni: bool, x: _Q8K, b, ms: list, accs: list) -> None:
-    """accs[j] (alloca'd <16 x float>) += record rec against activation rows ms[j] of block b."""
+    """accs[j] (alloca'd <16 x float>) += record rec against activation rows ms[j] of block b.
+    x.bs: Q4_K, Q5_K int16 (nb, M, 8) per-32 bsums; Q6_K int32 (nb, M, 16) −32·bsum, where
+    each group's dot starts (so that sc·dot is sc·(dot − 32·bsum))."""
     qt = rec.qtype
     rows = [builder.add(builder.mul(b, x.M), m) for m in ms]            # (b, m) in x
     bases = [builder.gep(x.q, [builder.mul(r, I64(QK_K))], source_etype=I8) for r in rows]
 
-    def word(j, w):                                     # the word of values 4w … 4w+3, broadcast
-        dword = 16 * (w % 4) + w // 4
-        v = builder.load(builder.gep(bases[j], [I64(4 * dword)], source_etype=I8), typ=I32, align=4)
-        return builder.bitcast(splat(builder, v, 16), V64I8)
+    def bcast(p, at: int, ty):                           # the dword at byte `at` of p, in 16 lanes
+        v = builder.load(builder.gep(p, [I64(at)], source_etype=I8), typ=I32, align=4)
+        return builder.bitcast(splat(builder, v, 16), ty)
 
+    bs = [builder.gep(x.bs, [builder.mul(r, I64(64 if qt == Q6_K else 16))], source_etype=I8) for r in rows]
     isums = [None] * len(ms)
-    for sc, words in rec.units():
+    for g, (sc, words) in enumerate(rec.units()):
         for j in range(len(ms)):
-            dot = dpbusd_chain(builder, vnni, [u for u, _ in words], [word(j, w) for _, w in words], U_MAX[qt])
-            prod = builder.mul(dot, sc)
+            xs = [bcast(bases[j], 4 * (16 * (w % 4) + w // 4), V64I8) for _, w in words]
+            start = bcast(bs[j], 4 * g, V16I32) if qt == Q6_K else None
+            prod = builder.mul(_dot(builder, vnni, [u for u, _ in words], xs, U_MAX[qt], start), sc)
             isums[j] = prod if isums[j] is None else builder.add(isums[j], prod)
-    wts = rec.bsum_weights()
+    wts = rec.min_weights() if qt != Q6_K else []
     for j, r in enumerate(rows):
-        bsp = builder.gep(x.bs, [builder.mul(r, I64(16))], source_etype=I16)
-        bterm = None
-        for k, wv in enumerate(wts):
-            pair = builder.load(builder.gep(bsp, [I64(2 * k)], source_etype=I16), typ=I32, align=4)
-            t = _madd_words(builder, wv, builder.bitcast(splat(builder, pair, 16), V32I16))
-            bterm = t if bterm is None else builder.add(bterm, t)
         dx = splat_v16f32(builder, builder.load(builder.gep(x.d, [r], source_etype=F32)))
-        acc = builder.load(accs[j])
-        if qt == Q6_K:
-            isum = builder.sub(isums[j], builder.shl(bterm, _vec_i32(5)))
-            acc = fma_v16f32(builder, builder.sitofp(isum, V16F32), builder.fmul(rec.d, dx), acc)
-        else:
-            acc = fma_v16f32(builder, builder.sitofp(isums[j], V16F32), builder.fmul(rec.d, dx), acc)
-            acc = fma_v16f32(builder, builder.sitofp(bterm, V16F32),
-                             builder.fneg(builder.fmul(rec.dmin, dx)), acc)
+        acc = fma_v16f32(builder, builder.sitofp(isums[j], V16F32), builder.fmul(rec.d, dx),
+                         builder.load(accs[j]))
+        if wts:
+            imin = None
+            for k, wv in enumerate(wts):
+                t = _madd_words(builder, wv, bcast(bs[j], 4 * k, V32I16))
+                imin = t if imin is None else builder.add(imin, t)
+            acc = fma_v16f32(builder, builder.sitofp(imin, V16F32), builder.fneg(builder.fmul(rec.dmin, dx)), acc)
         builder.store(acc, accs[j])
 
 
@@ -221,8 +230,8 @@ def _emit_chunk(builder, qtype, vnni, f16c, wp, x: _Q8K, out, N, c, n_chunks):
             with cgutils.for_range(builder, nblk) as blk:
                 off = builder.mul(builder.add(builder.mul(t, nblk), blk.index), I64(rec_bytes))
                 p = builder.gep(wp, [off], source_etype=I8)
-                for line in range(0, rec_bytes, 64) if PREFETCH_BYTES else ():
-                    prefetch(builder, builder.gep(p, [I64(PREFETCH_BYTES + line)], source_etype=I8))
+                for line in range(0, rec_bytes, 64) if PREFETCH_RECORDS else ():
+                    prefetch(builder, builder.gep(p, [I64(PREFETCH_RECORDS * rec_bytes + line)], source_etype=I8))
                 _emit_record(builder, _Record(builder, p, qtype, f16c), vnni, x, blk.index, m_rows, accs)
             for m, a in zip(m_rows, accs):
                 dst = builder.gep(out, [builder.add(builder.mul(m, N), builder.mul(t, I64(ROWS)))],
@@ -254,7 +263,7 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
                                         for t, v in zip(signature.args[:5], args[:5]))
             c_, nc = (context.cast(builder, v, t, types.int64) for v, t in zip(args[5:], signature.args[5:]))
             nblk, M = cgutils.unpack_tuple(builder, xda.shape, 2)
-            x = _Q8K(xqa.data, xda.data, builder.bitcast(xbsa.data, I16.as_pointer()), M, nblk)
+            x = _Q8K(xqa.data, xda.data, builder.bitcast(xbsa.data, I8.as_pointer()), M, nblk)
             N = cgutils.unpack_tuple(builder, outa.shape, 2)[1]
             _emit_chunk(builder, qtype, vnni, f16c, wa.data, x, outa.data, N, c_, nc)
             return context.get_dummy_value()
@@ -271,22 +280,42 @@ _chunk_q4_k, _chunk_q5_k, _chunk_q6_k = (make_chunk_kernel(qt) for qt in (Q4_K, 
 # matmul_<fmt>(w, xq, xd, xbs, out, n_chunks): prange over n_chunks contiguous chunks of
 # tiles; in this file so that an edit of the IR above invalidates their cache.
 
+@njit(cache=True, nogil=True)
+def _bsum_pairs(xbs):
+    """int16 (nb, M, 16) per-16 code sums -> int16 (nb, M, 8) per-32 sums (exact, |s| ≤ 4064)."""
+    xb = np.empty((xbs.shape[0], xbs.shape[1], 8), np.int16)
+    for b in range(xbs.shape[0]):
+        for m in range(xbs.shape[1]):
+            for j in range(8):
+                xb[b, m, j] = xbs[b, m, 2 * j] + xbs[b, m, 2 * j + 1]
+    return xb
+
+
+@njit(cache=True, nogil=True)
+def _bsum_offsets(xbs):
+    """int16 (nb, M, 16) -> int32 (nb, M, 16) −32·bsum: Q6_K's offset, where each dot starts."""
+    return xbs.astype(np.int32) * np.int32(-32)
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q4_k(w, xq, xd, xbs, out, n_chunks):
+    xb = _bsum_pairs(xbs)
     for c in prange(n_chunks):
-        _chunk_q4_k(w, xq, xd, xbs, out, c, n_chunks)
+        _chunk_q4_k(w, xq, xd, xb, out, c, n_chunks)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q5_k(w, xq, xd, xbs, out, n_chunks):
+    xb = _bsum_pairs(xbs)
     for c in prange(n_chunks):
-        _chunk_q5_k(w, xq, xd, xbs, out, c, n_chunks)
+        _chunk_q5_k(w, xq, xd, xb, out, c, n_chunks)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def matmul_q6_k(w, xq, xd, xbs, out, n_chunks):
+    xb = _bsum_offsets(xbs)
     for c in prange(n_chunks):
-        _chunk_q6_k(w, xq, xd, xbs, out, c, n_chunks)
+        _chunk_q6_k(w, xq, xd, xb, out, c, n_chunks)
 
 
 MATMUL_Q8K = {Q4_K: matmul_q4_k, Q5_K: matmul_q5_k, Q6_K: matmul_q6_k}
