@@ -119,7 +119,7 @@ def load(path: str, params: str, want_image: bool = True) -> Prepared | None:
                     raise ValueError("image crc")
         extra: dict[str, tuple[int, np.ndarray]] = {}
         if index["extra"]:
-            raw = np.fromfile(d / "extra.bin", dtype=np.uint8)
+            raw = read_into_memory(str(d / "extra.bin"))    # huge pages, as the image
             if len(raw) != index["extra_size"] or _crcs(raw) != index["extra_crc"]:
                 raise ValueError("extra")
             for key, e in index["extra"].items():
