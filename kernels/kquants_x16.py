@@ -51,10 +51,12 @@ from numba import get_num_threads
 from . import cpu, kquants
 from .checks import frozen
 from .formats import FORMATS, Q5_K, Q6_K, QK_K
-from .kquants_x16_ir import MATMUL_Q8K, RECORD, ROWS
+from . import kquants_x16_ir
+from .kquants_x16_ir import MATMUL_Q8K, ROWS
 from .q8k import quantize_q8_k
 
-INTERLEAVABLE = tuple(RECORD)                     # RECORD: bytes per (tile, super-block)
+RECORD = kquants_x16_ir.RECORD                    # bytes per (tile, super-block)
+INTERLEAVABLE = tuple(RECORD)
 INTERLEAVED = {qt: 0x200 | qt for qt in INTERLEAVABLE}
 TILES: dict[int, tuple[int, Callable]] = {}       # filled by a tile module (module docstring)
 
