@@ -6,7 +6,8 @@ this folder).  Every kernel is ``@njit(cache=True, nogil=True)``; the matmul ker
 
 Modules: formats (the table of GGML format facts), ir (the LLVM IR helpers of the ``*_ir.py``
 files), legacy / legacy_ir / repack (Q4_0 … Q8_0, F32, F16, BF16), kquants / kquants_ir /
-kquants_dequant / kquants_repack / q8k (K-quants), float_act / dequant_ir (float activations; dequant_ir's
+kquants_dequant / kquants_repack / kquants_x16 / kquants_x16_ir / q8k (K-quants),
+float_act / dequant_ir (float activations; dequant_ir's
 block decoders also serve the row lookup), q8_act (Q8_0 /
 Q8_1 activations), attention / attention_ir / attention_tree (the tree mask), ops (norms,
 RoPE, activations), threads (Numba's threading layer), checks (argument checks).
@@ -17,7 +18,8 @@ Contract of the quantized matmul kernels (``matmul``):
          float16 (N, K) for F16, float32 (N, K) for F32;
          for the ``repack.REPACKED`` ids, a tensor rewritten in place (same shape and
          bytes): a legacy quant's 8-row records (repack.py), a K-quant's blocks in the
-         kernels' lane order (kquants_repack.py)
+         kernels' lane order (kquants_repack.py); for the ``repack.INTERLEAVED`` ids, a new
+         array (N/16, ·) of 16-row interleaved K-quant records (kquants_x16.py)
     x    float32 (M, K), C-contiguous activations
     out  float32 (M, N); out[m] depends on x[m] only and is *bitwise identical*
          whatever M is and whatever the other rows hold (row independence).
@@ -48,7 +50,7 @@ def matmul(w: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray | None = No
     (float_act.py); block-quantized types only, the float types never round."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if out is None:
-        out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+        out = np.empty((x.shape[0], repack.n_rows(w, qtype)), dtype=np.float32)
     (MATMUL_FLOAT_ACT if float_act and qtype in MATMUL_FLOAT_ACT else MATMUL)[qtype](w, x, out)
     return out
 

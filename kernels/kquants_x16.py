@@ -27,16 +27,38 @@ signed); d, dmin exactly the file's (Q6_K's f16 d widened to f32: its record the
 lines).  Every record is a multiple of 64 bytes.  The array is uint8 (N/16, nb · record):
 N % 16 == 0 (other tensors keep the row layouts).  ``interleave`` and ``deinterleave`` are exact
 inverses (the GGUF bytes come back bit for bit); both are plain NumPy, run once at load.
+
+The matmul (kquants_x16_ir) and row lookup on it, numbered ``INTERLEAVED[qtype] = 0x200 | qtype``
+(never a ggml type; kernels/repack.py's front door hands weights this layout at load):
+
+    matmul_q8k(qtype, wi, xq, xd, xbs, out)   out (M, N) from q8k.quantize_q8_k's activations
+    matmul(qtype, wi, x, out)                 the same from float32 x (M, K)
+    get_rows(qtype, wi, ids, out)             rows ids dequantized, bit for bit ggml's get_rows
+    TILES                                     qtype -> (min M, fn(qtype, wi, xq, xd, xbs, out)):
+                                              the AMX tile kernels on these bytes, when a tile
+                                              module registers one (SPECDEC_KERNELS=amx)
 """
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
-from .formats import FORMATS, Q4_K, Q5_K, Q6_K, QK_K
+from typing import Callable
 
-ROWS = 16                                         # weight rows per tile
-RECORD = {Q4_K: 2368, Q5_K: 2880, Q6_K: 3392}     # bytes per (tile, super-block)
+from numba import get_num_threads
+
+from . import cpu, kquants
+from .checks import frozen
+from .formats import FORMATS, Q5_K, Q6_K, QK_K
+from . import kquants_x16_ir
+from .kquants_x16_ir import MATMUL_Q8K, ROWS
+from .q8k import quantize_q8_k
+
+RECORD = kquants_x16_ir.RECORD                    # bytes per (tile, super-block)
 INTERLEAVABLE = tuple(RECORD)
+INTERLEAVED = {qt: 0x200 | qt for qt in INTERLEAVABLE}
+TILES: dict[int, tuple[int, Callable]] = {}       # filled by a tile module (module docstring)
 
 
 def can_interleave(qtype: int, n_rows: int) -> bool:
@@ -109,7 +131,26 @@ def interleave(qtype: int, w: np.ndarray) -> np.ndarray:
     parts.append(_vectors(u).reshape(t_, nb, -1))
     rec = np.concatenate(parts, axis=-1)
     assert rec.shape[-1] == RECORD[qtype]
-    return np.ascontiguousarray(rec.reshape(t_, nb * RECORD[qtype]))
+    out = huge_empty((t_, nb * RECORD[qtype]))
+    out[...] = rec.reshape(t_, nb * RECORD[qtype])
+    return out
+
+
+def huge_empty(shape: tuple[int, int]) -> np.ndarray:
+    """An uninitialized uint8 array in anonymous memory advised for transparent huge pages
+    (MADV_HUGEPAGE, where the kernel has it), 2 MiB aligned: a one-row pass streams the
+    weights, and with 4 KiB pages a page walk every 4 KiB cost Qwen-1.5B's decode ~15%
+    (the in-memory file is advised the same way, engine/gguf_file.read_into_memory)."""
+    n = int(np.prod(shape))
+    buf = mmap.mmap(-1, n + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(buf, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass                                        # no THP here: ordinary pages
+    raw = np.frombuffer(buf, np.uint8)
+    at = -raw.ctypes.data % (2 << 20)
+    return raw[at:at + n].reshape(shape)
 
 
 def deinterleave(qtype: int, wi: np.ndarray) -> np.ndarray:
@@ -172,3 +213,59 @@ def _gguf_rows(qtype, u, sc, d, mn=None, dmin=None) -> np.ndarray:
     out = np.concatenate(blk, axis=-1)
     assert out.shape[-1] == FORMATS[qtype].type_size
     return np.ascontiguousarray(out.reshape(n, nb * FORMATS[qtype].type_size))
+
+
+# ---------------------------------------------------------------------------- front door
+
+def _check(qtype: int, wi: np.ndarray, k: int, m: int, out: np.ndarray) -> None:
+    if wi.dtype != np.uint8 or wi.ndim != 2 or not wi.flags.c_contiguous:
+        raise ValueError("interleaved K-quant weights must be a C-contiguous uint8 (N/16, ·) array")
+    if k % QK_K or wi.shape[1] != k // QK_K * RECORD[qtype]:
+        raise ValueError(f"interleaved {FORMATS[qtype].name}: records of {wi.shape[1]} bytes do not hold K={k}")
+    if out.shape != (m, ROWS * wi.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, ROWS * wi.shape[0])}")
+
+
+def matmul_q8k(qtype: int, wi: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.ndarray,
+               out: np.ndarray) -> None:
+    """out (M, N) = x · Wᵀ from activations already quantized by q8k.quantize_q8_k."""
+    nb, m = xd.shape
+    if xq.shape != (nb, m, QK_K) or xbs.shape != (nb, m, 16) or xbs.dtype != np.int16 or not all(
+            a.flags.c_contiguous for a in (xq, xd, xbs)):
+        raise ValueError("activations must be as quantize_q8_k returns them")
+    _check(qtype, wi, nb * QK_K, m, out)
+    tile = TILES.get(qtype)
+    if tile is not None and m >= tile[0] and cpu.tiles():
+        tile[1](qtype, wi, xq, xd, xbs, out)
+        return
+    MATMUL_Q8K[qtype](frozen(wi), xq, xd, xbs, out, max(1, min(get_num_threads(), wi.shape[0])))
+
+
+def matmul(qtype: int, wi: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out (M, N) = x · Wᵀ, x float32 (M, K): quantized to Q8_K, then matmul_q8k."""
+    matmul_q8k(qtype, wi, *quantize_q8_k(x), out)
+
+
+def get_rows(qtype: int, wi: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
+    """out (len(ids), K) float32 = rows ids of W dequantized, bit for bit the GGUF lookup:
+    the tiles holding them deinterleaved back to their GGUF rows, then kquants.GET_ROWS."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= ROWS * wi.shape[0]):
+        raise IndexError(f"row id out of range [0, {ROWS * wi.shape[0]})")
+    tiles, where = np.unique(ids // ROWS, return_inverse=True)
+    rows = deinterleave(qtype, wi[tiles])                       # (16 · len(tiles), row_bytes)
+    kquants.GET_ROWS[qtype](rows, where.reshape(-1) * ROWS + ids % ROWS, out)
+
+
+def _front(qtype: int):
+    def mm(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+        matmul(qtype, w, x, out)
+
+    def gr(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
+        get_rows(qtype, w, ids, out)
+    mm.__name__ = gr.__name__ = f"{FORMATS[qtype].name.lower()}_x16"
+    return mm, gr
+
+
+MATMUL = {INTERLEAVED[qt]: _front(qt)[0] for qt in INTERLEAVABLE}     # id -> fn(w, x, out)
+GET_ROWS = {INTERLEAVED[qt]: _front(qt)[1] for qt in INTERLEAVABLE}   # id -> fn(w, ids, out)

@@ -30,6 +30,11 @@ This module is also the front door for the K-quants' in-block repacking (kquants
 of a repacked embedding table (``unpack_rows``: their GGUF bytes back, then the format's own
 row lookup, so a tied table is repacked with its head), and ``RECORD_ROWS`` says how many
 rows a record spans (8 here, 1 for the K-quants: a head is cut at a whole record).
+
+K-quant tensors of 16k rows get the 16-row interleaved records of kquants_x16.py instead
+(``INTERLEAVED[qtype] = 0x200 | qtype``): a new array of another shape, (N/16, nb · RECORD),
+so ``layout_for`` says which layout a tensor gets, ``prepare`` makes it, ``n_rows`` counts
+the weight rows an array holds and ``cut_rows`` cuts a head at a whole tile.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from . import cpu, kquants, kquants_repack, legacy, legacy_amx
+from . import cpu, kquants, kquants_repack, kquants_x16, legacy, legacy_amx
 from .checks import check_activations, frozen
 from .formats import FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .ir import I64, have_vnni256, join, prefetch
@@ -46,12 +51,47 @@ from .q8_act import QK8, q8_rows
 from .records import REC, decode_record
 
 REPACKED = {**{qt: 0x100 | qt for qt in LEGACY}, **kquants_repack.REPACKED}
-RECORD_ROWS = {**{0x100 | qt: 8 for qt in LEGACY}, **{r: 1 for r in kquants_repack.REPACKED.values()}}
+INTERLEAVED = kquants_x16.INTERLEAVED
+RECORD_ROWS = {**{0x100 | qt: 8 for qt in LEGACY}, **{r: 1 for r in kquants_repack.REPACKED.values()},
+               **{r: kquants_x16.ROWS for r in INTERLEAVED.values()}}
+ARRAY_ROWS = {r: kquants_x16.ROWS for r in INTERLEAVED.values()}   # weight rows per array row (else 1)
 M_CHUNK = 32                     # activation rows per pass over a record (as legacy.M_CHUNK)
 
 
 def can_repack(qtype: int, n_rows: int) -> bool:
     return kquants_repack.repackable(qtype) or (qtype in LEGACY and n_rows % 8 == 0)
+
+
+def layout_for(qtype: int, n_rows: int) -> int | None:
+    """The type id a tensor of n_rows rows gets at load in process memory: the interleaved
+    records (K-quants, 16k rows), else the repacked one (can_repack), else None."""
+    if kquants_x16.can_interleave(qtype, n_rows):
+        return INTERLEAVED[qtype]
+    return REPACKED[qtype] if can_repack(qtype, n_rows) else None
+
+
+def prepare(w: np.ndarray, qtype: int, in_place: bool = False) -> tuple[np.ndarray, int]:
+    """(w in the layout_for layout, its type id): interleaved records are always a new array
+    (another shape); the repacked layouts as ``repack``."""
+    new = layout_for(qtype, w.shape[0])
+    if new is None:
+        raise ValueError(f"{FORMATS[qtype].name} with {w.shape[0]} rows has no repacked layout")
+    if new == INTERLEAVED.get(qtype):
+        return kquants_x16.interleave(qtype, w), new
+    return repack(w, qtype, in_place), new
+
+
+def n_rows(w: np.ndarray, qtype: int) -> int:
+    """The weight rows (N) the array w of type id qtype holds."""
+    return w.shape[0] * ARRAY_ROWS.get(qtype, 1)
+
+
+def cut_rows(w: np.ndarray, qtype: int, n: int) -> tuple[np.ndarray, int]:
+    """The first n' >= n weight rows of w (n' a whole number of records, at most all of
+    them) as a zero-copy view, and n'."""
+    rec, per = RECORD_ROWS.get(qtype, 1), ARRAY_ROWS.get(qtype, 1)
+    keep = min(-(-n // rec) * rec, n_rows(w, qtype))
+    return w[:-(-keep // per)], keep
 
 
 def repack(w: np.ndarray, qtype: int, in_place: bool = False) -> np.ndarray:
@@ -306,6 +346,7 @@ def _vnni_records(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> 
 
 
 MATMUL = {**{REPACKED[qt]: _make(qt) for qt in LEGACY},   # repacked type id -> fn(w, x, out)
-          **kquants_repack.MATMUL}
+          **kquants_repack.MATMUL, **kquants_x16.MATMUL}
 GET_ROWS_GGUF = {**legacy.GET_ROWS, **kquants.GET_ROWS}
-GET_ROWS = {REPACKED[qt]: _get_rows_fn(qt) for qt in REPACKED}   # repacked id -> fn(w, ids, out)
+GET_ROWS = {**{REPACKED[qt]: _get_rows_fn(qt) for qt in REPACKED},   # repacked id -> fn(w, ids, out)
+            **kquants_x16.GET_ROWS}

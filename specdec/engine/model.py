@@ -261,13 +261,12 @@ class ModelSession(Session):
         if not 1 <= self.n_logits <= cfg.n_vocab:
             raise ConfigError(f"--draft-vocab must be in 1..{cfg.n_vocab}, got {n_logits}")
         out = weights.output
-        # a head in 8-row records (kernels/repack.py) is cut at a whole record: its first
+        # a head in 8- or 16-row records (kernels/repack.py) is cut at a whole record: its first
         # n_rows >= n_logits rows are computed and the logits trimmed (row-independent: the
         # kept logits are the same bits)
-        rec = repack.RECORD_ROWS.get(out.qtype, 1)
-        n_rows = min(-(-self.n_logits // rec) * rec, cfg.n_vocab)
+        cut, n_rows = repack.cut_rows(out.w, out.qtype, self.n_logits)
         self._head = None if self.n_logits == cfg.n_vocab else replace(
-            out, w=out.w[:n_rows], n_out=n_rows,
+            out, w=cut, n_out=n_rows,
             bias=None if out.bias is None else out.bias[:n_rows])
 
     n_vocab = property(lambda self: self.cfg.n_vocab)

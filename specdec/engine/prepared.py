@@ -37,7 +37,7 @@ import numpy as np
 
 from .gguf_file import read_into_memory
 
-LAYOUT_VERSION = 1        # kernels/repack.py, kquants_repack.py, engine/requant.py byte layouts
+LAYOUT_VERSION = 2        # kernels/repack.py, kquants_repack.py, kquants_x16.py, engine/requant.py byte layouts
 ENV = "SPECDEC_PREPARED"  # "0" / "off" / "false": neither read nor written
 CHUNK = 64 << 20          # bytes per CRC-32
 ALIGN = 64
@@ -119,7 +119,7 @@ def load(path: str, params: str, want_image: bool = True) -> Prepared | None:
                     raise ValueError("image crc")
         extra: dict[str, tuple[int, np.ndarray]] = {}
         if index["extra"]:
-            raw = np.fromfile(d / "extra.bin", dtype=np.uint8)
+            raw = read_into_memory(str(d / "extra.bin"))    # huge pages, as the image
             if len(raw) != index["extra_size"] or _crcs(raw) != index["extra_crc"]:
                 raise ValueError("extra")
             for key, e in index["extra"].items():

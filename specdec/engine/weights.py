@@ -24,7 +24,8 @@ from .requant import Requant, convert, narrows
 class Linear:
     """y = x · Wᵀ (+ b).   w: raw rows (N, ·) of the file, or with the file in memory the same
     bytes repacked by kernels.repack (legacy: 8-row records; K-quants: the lane order of
-    kquants_repack; qtype then a repack.REPACKED id); n_in = K, n_out = N."""
+    kquants_repack; qtype then a repack.REPACKED id), or K-quants of 16k rows as a new array
+    (N/16, ·) of interleaved records (kquants_x16; a repack.INTERLEAVED id); n_in = K, n_out = N."""
     name: str
     w: np.ndarray
     qtype: int
@@ -61,7 +62,7 @@ class Layer:
 
 @dataclass(frozen=True)
 class Weights:
-    tok_embd: np.ndarray             # raw rows (V, ·)
+    tok_embd: np.ndarray             # raw rows (V, ·), or as a Linear's w (repack.n_rows rows)
     tok_embd_type: int
     layers: tuple[Layer, ...]
     out_norm: np.ndarray             # (D,)
@@ -169,16 +170,18 @@ def _prepare(gf: GGUFFile, name: str, stored: int, n_in: int, n_out: int, requan
     if narrows(qtype, dst) and n_in % 32 == 0:     # (Q4_0 / Q5_0 / Q8_0 blocks of 32)
         # a new array in process memory: repacked below like an in-memory file's
         w, qtype = convert(w, qtype, dst, n_in), dst
-        if not exact and repack.can_repack(qtype, n_out):
-            w, qtype = repack.repack(w, qtype), repack.REPACKED[qtype]
-    elif (gf.in_memory and not exact and repack.can_repack(qtype, n_out)
-          and (not table or (repack.REPACKED[qtype] in GET_ROWS
-                             and not narrows(qtype, requant and requant.head)))):
-        # weights in process memory: rewrite in place (legacy: one stream per 8 rows;
-        # K-quants: codes in the kernels' lane order, a table too unless a requantized
-        # head is to be made from its stored bytes)
-        w = gf.rewrite(name, lambda v: repack.repack(v, stored, in_place=True))
-        qtype = repack.REPACKED[stored]
+        if not exact and repack.layout_for(qtype, n_out) is not None:
+            w, qtype = repack.prepare(w, qtype)
+    elif (gf.in_memory and not exact and (new := repack.layout_for(qtype, n_out)) is not None
+          and (not table or (new in GET_ROWS and not narrows(qtype, requant and requant.head)))):
+        # weights in process memory: K-quants of 16k rows into new arrays of 16-row
+        # interleaved records (kquants_x16); the others rewritten in place (legacy: one
+        # stream per 8 rows; K-quants: codes in the kernels' lane order); a table too unless
+        # a requantized head is to be made from its stored bytes
+        if new == repack.INTERLEAVED.get(stored):
+            w, qtype = repack.prepare(w, stored)
+        else:
+            w, qtype = gf.rewrite(name, lambda v: repack.repack(v, stored, in_place=True)), new
     return w, qtype
 
 

@@ -118,21 +118,25 @@ def test_config_from_metadata(tiny_model):
 @pytest.mark.parametrize("spec", [SPECS[1], SPECS[2], SPECS[3], SPECS[4]], ids=lambda s: T(s.qtype).name)
 def test_no_mmap_reads_one_copy_with_the_same_logits(tiny_model, spec):
     """mmap=False (--no-mmap): the file is read once into memory, read-only, the layer
-    weights are rewritten in place (legacy quants: kernels.repack's 8-row records; K-quants:
-    kquants_repack's lane order), the embedding table too (its rows read back through
-    repack.unpack_rows, a tied head included), and the logits are bitwise those of the
-    mapped file."""
+    weights are rewritten in place (legacy quants: kernels.repack's 8-row records) or, K-quants
+    of 16k rows, made into new arrays of 16-row interleaved records (kquants_x16), the
+    embedding table too (its rows read back through repack.GET_ROWS, a tied head included),
+    and the logits are bitwise those of the mapped file."""
     import specdec
     from specdec.kernels import repack
     m = specdec.load(tiny_model(spec).path, n_ctx=tiny_model(spec).n_ctx, mmap=True)
     c = specdec.load(m.path, n_ctx=m.n_ctx, mmap=False)
     wq = c.weights.layers[0].wq
     assert c.gguf.in_memory and not m.gguf.in_memory
-    assert np.shares_memory(wq.w, c.gguf._mm) and c.gguf._mm.size == c.gguf.file_size
-    assert not wq.w.flags.writeable and not c.gguf._mm.flags.writeable
-    assert wq.qtype == repack.REPACKED[spec.qtype] and wq.w.shape == m.weights.layers[0].wq.w.shape
-    assert c.weights.tok_embd_type == repack.REPACKED[spec.qtype]
-    assert c.gguf.tensor("token_embd.weight").tobytes() != m.gguf.tensor("token_embd.weight").tobytes()
+    assert c.gguf._mm.size == c.gguf.file_size and not c.gguf._mm.flags.writeable
+    new = repack.layout_for(spec.qtype, wq.n_out)
+    assert wq.qtype == new and c.weights.tok_embd_type == repack.layout_for(spec.qtype, m.config.n_vocab)
+    if new == repack.INTERLEAVED.get(spec.qtype):
+        assert wq.w.shape[0] * 16 == m.weights.layers[0].wq.w.shape[0] and not np.shares_memory(wq.w, c.gguf._mm)
+    else:
+        assert np.shares_memory(wq.w, c.gguf._mm) and not wq.w.flags.writeable
+        assert wq.w.shape == m.weights.layers[0].wq.w.shape
+        assert c.gguf.tensor("token_embd.weight").tobytes() != m.gguf.tensor("token_embd.weight").tobytes()
     ids = [1, 2, 3, 4, 5]
     assert c.session(16).eval(ids).tobytes() == m.session(16).eval(ids).tobytes()
     s = c.session(16)

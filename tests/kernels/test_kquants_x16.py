@@ -1,12 +1,24 @@
 """The 16-row interleaved K-quant layout (kernels/kquants_x16.py): interleave and deinterleave
-are exact inverses, and every byte sits where the module docstring says."""
+are exact inverses, and every byte sits where the module docstring says; its kernels
+(kquants_x16_ir) are reference.kquant_dot bit for bit on every path, rows independent, and its
+row lookup is the GGUF one."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernels import kquants_x16 as x16
-from kernels.formats import FORMATS, Q4_K, Q5_K, Q6_K
-from kernels.reference import kquant_parts
+from fakes import one_thread
+from helpers import random_weights
+from specdec.kernels import cpu, kquants, matmul, reference, repack
+from specdec.kernels import kquants_x16 as x16
+from specdec.kernels.formats import FORMATS, Q4_K, Q5_K, Q6_K
+from specdec.kernels.reference import kquant_parts
+
+ROOT = Path(__file__).resolve().parents[2]
 
 QS_AT = {Q4_K: 320, Q5_K: 832, Q6_K: 1344}      # offset of the low-nibble vectors in a record
 QH_AT = {Q5_K: 320, Q6_K: 320}
@@ -45,3 +57,127 @@ def test_documented_bytes(qt):
 def test_refuses_odd_rows():
     with pytest.raises(ValueError, match="16"):
         x16.interleave(Q4_K, np.zeros((8, FORMATS[Q4_K].row_bytes(256)), np.uint8))
+
+
+# ------------------------------------------------------------------- the kernels on it
+# kquants_x16_ir: bit for bit reference.kquant_dot of the GGUF rows, for every M (the static
+# paths up to 17, the passes above), rows independent of each other and of the thread count.
+
+def _gguf(qt, rng, tiles, nb):
+    return random_weights(rng, qt, 16 * tiles, nb)
+
+
+def _x16(qt, w, x):
+    out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
+    x16.matmul(qt, x16.interleave(qt, w), np.ascontiguousarray(x, np.float32), out)
+    return out
+
+
+def _same(a, b):
+    return np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@settings(max_examples=25, deadline=None)
+@given(qt=st.sampled_from(x16.INTERLEAVABLE), m=st.integers(1, 64), tiles=st.integers(1, 3),
+       nb=st.integers(1, 4), seed=st.integers(0, 2**32 - 1))
+def test_matmul_is_the_contract(qt, m, tiles, nb, seed):
+    rng = np.random.default_rng(seed)
+    w = _gguf(qt, rng, tiles, nb)
+    x = (rng.standard_normal((m, 256 * nb)) * rng.uniform(0.01, 10)).astype(np.float32)
+    assert _same(_x16(qt, w, x), reference.kquant_dot(qt, w, x))
+
+
+@pytest.mark.parametrize("qt", x16.INTERLEAVABLE)
+def test_extreme_codes_and_every_static_m(qt):
+    """All-max codes and scales against ±127 activations (the int32 bounds), M = 1 … 20."""
+    rng = np.random.default_rng(qt)
+    w = _gguf(qt, rng, 2, 2)
+    blk = w.reshape(32, 2, -1)
+    blk[:, 0, :] = 255                                   # every code (and K4 scale / min) at its max
+    if qt != Q6_K:
+        blk[:, 0, 0:4] = np.frombuffer(np.float16([1.0, 0.5]).tobytes(), np.uint8)
+    else:
+        blk[:, 0, 192:208] = 0x80                        # scales −128
+        blk[:, 0, 208:210] = np.frombuffer(np.float16([0.25]).tobytes(), np.uint8)
+    for m in range(1, 21):
+        x = np.where(rng.random((m, 512)) < 0.5, -1.0, 1.0).astype(np.float32)
+        assert _same(_x16(qt, w, x), reference.kquant_dot(qt, w, x)), m
+
+
+@settings(max_examples=10, deadline=None)
+@given(qt=st.sampled_from(x16.INTERLEAVABLE), m=st.integers(2, 40), seed=st.integers(0, 2**32 - 1))
+def test_rows_are_independent_of_the_pass_and_the_threads(qt, m, seed):
+    rng = np.random.default_rng(seed)
+    w = _gguf(qt, rng, 3, 2)
+    x = rng.standard_normal((m, 512)).astype(np.float32)
+    full = _x16(qt, w, x)
+    for i in sorted({0, m // 2, m - 1}):
+        assert _same(_x16(qt, w, x[i:i + 1])[0], full[i])
+    with one_thread():
+        assert _same(_x16(qt, w, x), full)
+
+
+@settings(max_examples=10, deadline=None)
+@given(qt=st.sampled_from(x16.INTERLEAVABLE), ids=st.lists(st.integers(0, 47), min_size=1, max_size=9),
+       seed=st.integers(0, 2**32 - 1))
+def test_get_rows_is_the_gguf_lookup(qt, ids, seed):
+    w = _gguf(qt, np.random.default_rng(seed), 3, 2)
+    ids = np.array(ids, np.int64)
+    got, want = np.empty((len(ids), 512), np.float32), np.empty((len(ids), 512), np.float32)
+    repack.GET_ROWS[x16.INTERLEAVED[qt]](x16.interleave(qt, w), ids, got)
+    kquants.GET_ROWS[qt](w, ids, want)
+    assert _same(got, want)
+    with pytest.raises(IndexError):
+        repack.GET_ROWS[x16.INTERLEAVED[qt]](x16.interleave(qt, w), np.array([48]), got[:1])
+
+
+def test_front_door_gives_16k_rows_the_interleaved_layout():
+    rng = np.random.default_rng(1)
+    w = _gguf(Q4_K, rng, 2, 1)
+    wi, qtype = repack.prepare(w, Q4_K)
+    assert qtype == repack.layout_for(Q4_K, 32) == 0x200 | Q4_K and wi.shape == (2, x16.RECORD[Q4_K])
+    assert repack.n_rows(wi, qtype) == 32 and repack.layout_for(Q4_K, 40) == repack.REPACKED[Q4_K]
+    cut, n = repack.cut_rows(wi, qtype, 17)
+    assert n == 32 and cut.shape[0] == 2
+    cut, n = repack.cut_rows(wi, qtype, 5)
+    assert n == 16 and cut.shape[0] == 1
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    assert _same(matmul(wi, qtype, x), reference.kquant_dot(Q4_K, w, x))
+    assert _same(matmul(cut, qtype, x), reference.kquant_dot(Q4_K, w[:16], x))
+
+
+# SPECDEC_KERNELS=vnni / avx2: each path the host runs, in a process of its own, against the contract
+PATH_SCRIPT = r"""
+import sys
+sys.path.insert(0, "tests")
+import numpy as np
+from specdec.kernels import cpu, kquants_x16 as x16, reference
+from helpers import random_weights
+rng = np.random.default_rng(3)
+for qt in x16.INTERLEAVABLE:
+    for m in (1, 2, 7, 9, 17, 18, 33, 64):
+        w = random_weights(rng, qt, 48, 3)
+        x = rng.standard_normal((m, 768)).astype(np.float32)
+        out = np.empty((m, 48), np.float32)
+        x16.matmul(qt, x16.interleave(qt, w), x, out)
+        ref = reference.kquant_dot(qt, w, x)
+        assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (qt, m)
+from specdec.kernels import ir
+print("vnni512" if ir.have_vnni512() else "avx2" if ir.have_avx2() else "portable", cpu.path())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["vnni", "avx2"])
+def test_every_path_is_the_contract(path, tmp_path):
+    """A cache folder of its own: Numba's cache key holds the codegen's CPU features, which a
+    forced path does not change in the running process (it changes the IR the kernels emit),
+    so a shared cache could hand this process another path's code."""
+    if not all(f in cpu.host().flags for f in cpu._NEEDS[path]):
+        pytest.skip(f"this host cannot run the {path} path")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
+    env[cpu.KERNELS_ENV], env["NUMBA_CACHE_DIR"] = path, str(tmp_path)
+    r = subprocess.run([sys.executable, "-c", PATH_SCRIPT], env=env, cwd=ROOT, capture_output=True,
+                       text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == path
