@@ -32,7 +32,7 @@ from . import cpu
 cpu.force_path()            # SPECDEC_KERNELS, before anything below compiles (cpu.py)
 from . import threads  # noqa: E402
 threads.choose()            # SPECDEC_THREADING: the parallel runtime, before any region runs (threads.py)
-from . import kquants, legacy, repack  # noqa: E402
+from . import kquants, kquants_x16_amx, legacy, repack  # noqa: E402,F401  (x16_amx: kquants_x16.TILES)
 from .float_act import MATMUL_FLOAT_ACT  # noqa: E402
 
 MATMUL = {**legacy.MATMUL, **kquants.MATMUL,      # ggml type id -> fn(w, x, out)

@@ -144,6 +144,13 @@ def tiles() -> bool:
     return _forced.get("path") == "amx" and amx.available()
 
 
+def tiles_x16() -> bool:
+    """Whether the interleaved K-quants' passes of many rows (kquants_x16) run on AMX tiles:
+    on by default where the host can (their folded-scale tiles are several times the VNNI
+    kernels, docs/architecture.md), off when SPECDEC_KERNELS forces vnni or avx2."""
+    return _forced.get("path") in (None, "amx") and amx.available()
+
+
 def path() -> str:
     """The instruction path the kernels run: 'amx' (forced: tiles for passes of many rows,
     vnni below them and for everything else), 'vnni', 'avx2' or 'portable'."""
@@ -157,7 +164,8 @@ def kernel_paths() -> dict[str, str]:
     dot = "avx2 vpmaddubsw + vpmaddwd" if have_avx2() else "portable (no AVX2)"
     return {"path": path(), "forced": _forced.get("path", ""),
             "amx": ("tiles: legacy quants (tdpbsud) from 16 rows, K-quants (tdpbusd) from 64" if tiles() else
-                    "available, off unless SPECDEC_KERNELS=amx" if amx.available() else amx.status()),
+                    "interleaved K-quants from 16 rows; the rest off unless SPECDEC_KERNELS=amx"
+                    if tiles_x16() else amx.status()),
             "kquants": "avx512-vnni 512-bit" if have_vnni512() else dot,
             "legacy": "avx512-vnni 256-bit" if have_vnni256() else dot,
             "fp16": "f16c" if have_f16c() else "exact software conversion",

@@ -36,7 +36,7 @@ The matmul (kquants_x16_ir) and row lookup on it, numbered ``INTERLEAVED[qtype] 
     get_rows(qtype, wi, ids, out)             rows ids dequantized, bit for bit ggml's get_rows
     TILES                                     qtype -> (min M, fn(qtype, wi, xq, xd, xbs, out)):
                                               the AMX tile kernels on these bytes, when a tile
-                                              module registers one (SPECDEC_KERNELS=amx)
+                                              module registers one (cpu.tiles_x16)
 """
 from __future__ import annotations
 
@@ -235,7 +235,7 @@ def matmul_q8k(qtype: int, wi: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: 
         raise ValueError("activations must be as quantize_q8_k returns them")
     _check(qtype, wi, nb * QK_K, m, out)
     tile = TILES.get(qtype)
-    if tile is not None and m >= tile[0] and cpu.tiles():
+    if tile is not None and m >= tile[0] and cpu.tiles_x16():
         tile[1](qtype, wi, xq, xd, xbs, out)
         return
     MATMUL_Q8K[qtype](frozen(wi), xq, xd, xbs, out, max(1, min(get_num_threads(), wi.shape[0])))
