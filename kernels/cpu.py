@@ -163,9 +163,11 @@ def kernel_paths() -> dict[str, str]:
     """Which instruction path each kernel family compiles to with the current target."""
     dot = "avx2 vpmaddubsw + vpmaddwd" if have_avx2() else "portable (no AVX2)"
     return {"path": path(), "forced": _forced.get("path", ""),
-            "amx": ("tiles: legacy quants (tdpbsud) from 16 rows, K-quants (tdpbusd) from 64" if tiles() else
-                    "interleaved K-quants from 16 rows; the rest off unless SPECDEC_KERNELS=amx"
-                    if tiles_x16() else amx.status()),
+            "amx": ("tiles: legacy quants (tdpbsud) from 16 rows, K-quants (tdpbusd) from 64, interleaved "
+                    "K-quants from 16" if tiles() else
+                    "tiles: interleaved K-quants from 16 rows; the rest off unless SPECDEC_KERNELS=amx"
+                    if tiles_x16() else "available, off (SPECDEC_KERNELS forces another path)"
+                    if amx.available() else amx.status()),
             "kquants": "avx512-vnni 512-bit" if have_vnni512() else dot,
             "legacy": "avx512-vnni 256-bit" if have_vnni256() else dot,
             "fp16": "f16c" if have_f16c() else "exact software conversion",

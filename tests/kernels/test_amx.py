@@ -72,14 +72,18 @@ def test_passes_that_take_the_tiles_keep_rows_independent(qt, monkeypatch):
 
 @needs_amx
 def test_the_host_path_is_recorded():
-    """Unforced, the tiles stay off (not faster) and machine_info says they are available;
-    the XCR0 tile bits are set wherever available() holds."""
+    """Unforced, the tiles run the interleaved K-quants only (the other tiles are not faster)
+    and machine_info says so; forced to another path, none; the XCR0 tile bits are set
+    wherever available() holds."""
     info = cpu.kernel_paths()
     assert amx._xcr0() & amx.XCR0_TILE == amx.XCR0_TILE
-    if cpu._forced.get("path") == "amx":
-        assert cpu.path() == info["path"] == "amx" and "tdpbsud" in info["amx"]
+    forced = cpu._forced.get("path")
+    if forced == "amx":
+        assert cpu.path() == info["path"] == "amx" and "tdpbsud" in info["amx"] and cpu.tiles_x16()
+    elif forced is None:
+        assert not cpu.tiles() and cpu.tiles_x16() and "interleaved K-quants from 16" in info["amx"]
     else:
-        assert not cpu.tiles() and "available" in info["amx"]
+        assert not cpu.tiles() and not cpu.tiles_x16() and "available" in info["amx"]
 
 
 def test_amx_is_refused_with_a_reason_where_it_cannot_run(monkeypatch):

@@ -67,9 +67,17 @@ def _gguf(qt, rng, tiles, nb):
     return random_weights(rng, qt, 16 * tiles, nb)
 
 
-def _x16(qt, w, x):
+def _x16(qt, w, x, tiles: bool = True):
+    """The interleaved matmul of w's rows; tiles=False: the SIMD kernels at every M (passes of
+    16 rows or more go to the AMX tiles by default where the host has them, the TILES hook)."""
     out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
-    x16.matmul(qt, x16.interleave(qt, w), np.ascontiguousarray(x, np.float32), out)
+    saved = dict(x16.TILES)
+    if not tiles:
+        x16.TILES.clear()
+    try:
+        x16.matmul(qt, x16.interleave(qt, w), np.ascontiguousarray(x, np.float32), out)
+    finally:
+        x16.TILES.update(saved)
     return out
 
 
@@ -84,7 +92,9 @@ def test_matmul_is_the_contract(qt, m, tiles, nb, seed):
     rng = np.random.default_rng(seed)
     w = _gguf(qt, rng, tiles, nb)
     x = (rng.standard_normal((m, 256 * nb)) * rng.uniform(0.01, 10)).astype(np.float32)
-    assert _same(_x16(qt, w, x), reference.kquant_dot(qt, w, x))
+    want = reference.kquant_dot(qt, w, x)
+    assert _same(_x16(qt, w, x, tiles=False), want)
+    assert _same(_x16(qt, w, x), want)
 
 
 @pytest.mark.parametrize("qt", x16.INTERLEAVABLE)
@@ -101,7 +111,7 @@ def test_extreme_codes_and_every_static_m(qt):
         blk[:, 0, 208:210] = np.frombuffer(np.float16([0.25]).tobytes(), np.uint8)
     for m in range(1, 21):
         x = np.where(rng.random((m, 512)) < 0.5, -1.0, 1.0).astype(np.float32)
-        assert _same(_x16(qt, w, x), reference.kquant_dot(qt, w, x)), m
+        assert _same(_x16(qt, w, x, tiles=False), reference.kquant_dot(qt, w, x)), m
 
 
 @settings(max_examples=10, deadline=None)
@@ -110,11 +120,11 @@ def test_rows_are_independent_of_the_pass_and_the_threads(qt, m, seed):
     rng = np.random.default_rng(seed)
     w = _gguf(qt, rng, 3, 2)
     x = rng.standard_normal((m, 512)).astype(np.float32)
-    full = _x16(qt, w, x)
+    full = _x16(qt, w, x, tiles=False)
     for i in sorted({0, m // 2, m - 1}):
         assert _same(_x16(qt, w, x[i:i + 1])[0], full[i])
     with one_thread():
-        assert _same(_x16(qt, w, x), full)
+        assert _same(_x16(qt, w, x, tiles=False), full)
 
 
 @settings(max_examples=10, deadline=None)

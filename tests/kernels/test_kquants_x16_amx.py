@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.kernels import amx, kquants_x16, kquants_x16_amx, reference
+from specdec.kernels import amx, cpu, kquants_x16, kquants_x16_amx, reference
 from specdec.kernels.formats import Q6_K
 from specdec.kernels.q8k import quantize_q8_k
 from helpers import random_weights
@@ -80,3 +80,26 @@ def test_rows_are_independent(qt):
         assert np.array_equal(out[i].view(np.uint32), _matmul(qt, wi, x[i:i + 1])[0].view(np.uint32)), i
     x[1:] = rng.standard_normal(x[1:].shape).astype(np.float32) * 100
     assert np.array_equal(out[0].view(np.uint32), _matmul(qt, wi, x)[0].view(np.uint32))
+
+
+@needs_amx
+@pytest.mark.parametrize("qt", kquants_x16.INTERLEAVABLE)
+def test_the_front_door_takes_the_tiles_from_min_m(qt, monkeypatch):
+    """kquants_x16.matmul_q8k runs passes of MIN_M rows or more on the tiles by default where
+    the host has AMX (cpu.tiles_x16), fewer on the SIMD kernels, and both are the contract."""
+    if not cpu.tiles_x16():
+        pytest.skip(f"{cpu.KERNELS_ENV} forces a path without the tiles")
+    assert kquants_x16.TILES[qt][0] == kquants_x16_amx.MIN_M
+    calls = []
+    tile = kquants_x16.TILES[qt]
+    monkeypatch.setitem(kquants_x16.TILES, qt, (tile[0], lambda *a: calls.append(a[5].shape[0]) or tile[1](*a)))
+    rng = np.random.default_rng(11 + int(qt))
+    w = random_weights(rng, qt, 32, 2)
+    wi = kquants_x16.interleave(qt, w)
+    for m in (1, kquants_x16_amx.MIN_M - 1, kquants_x16_amx.MIN_M, 41):
+        x = rng.standard_normal((m, 512)).astype(np.float32)
+        xq, xd, xbs = quantize_q8_k(x)
+        out = np.full((m, 32), np.nan, np.float32)
+        kquants_x16.matmul_q8k(qt, wi, xq, xd, xbs, out)
+        assert np.array_equal(out.view(np.uint32), reference.kquant_dot(qt, w, x).view(np.uint32)), m
+    assert calls == [kquants_x16_amx.MIN_M, 41]
