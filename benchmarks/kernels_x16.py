@@ -7,7 +7,7 @@ the 16-row interleaved records (kernels/kquants_x16_ir) where the tree has them,
 in-block lane order (kernels/kquants_repack) — so the same script, run from two worktrees
 alternately, compares the two.
 
-    python benchmarks/kernels_x16.py [--m 1 2 ... 17] [--sweeps 7] [--json out.json]
+    python benchmarks/kernels_x16.py [--m 1 2 ... 17] [--sweeps 7] [--kinds ffn_down output ...] [--json out.json]
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ except ImportError:                       # a tree without the interleaved layou
 CACHE = Path.home() / ".cache" / "specdec"
 MODELS = {"qwen-1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
           "qwen-0.5b": "qwen2.5-coder-0.5b-instruct.gguf", "gemma-270m": "gemma-3-270m-q4_k_m.gguf"}
-KINDS = ("attn_q", "attn_output", "ffn_up", "ffn_down")
+KINDS = ("attn_q", "attn_output", "ffn_up", "ffn_down")      # also: output (the vocabulary projection)
 
 
 def prepared(qt: int, w: np.ndarray):
@@ -48,12 +48,12 @@ def prepared(qt: int, w: np.ndarray):
     return kquants_repack.repack(w, qt), MATMUL_Q8K_REPACKED[qt], max(1, min(get_num_threads(), w.shape[0]))
 
 
-def groups(path: Path):
+def groups(path: Path, kinds=KINDS):
     """{(kind, qtype name, N, K): [uint8 GGUF rows per layer]} of the K-quant tensors."""
     out: dict = {}
     for t in gguf.GGUFReader(path).tensors:
-        kind = t.name.split(".")[2] if t.name.startswith("blk.") else None
-        if kind in KINDS and t.tensor_type.name in ("Q4_K", "Q5_K", "Q6_K"):
+        kind = t.name.split(".")[2] if t.name.startswith("blk.") else t.name.split(".")[0]
+        if kind in kinds and t.tensor_type.name in ("Q4_K", "Q5_K", "Q6_K"):
             k, n = (int(s) for s in t.shape)
             out.setdefault((kind, t.tensor_type.name, n, k), []).append(np.array(t.data).reshape(n, -1))
     return out
@@ -76,12 +76,13 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="+", default=[1, 9])
     ap.add_argument("--sweeps", type=int, default=7)
     ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     rows = []
     for model in args.models:
-        for (kind, tname, n, k), ws in groups(CACHE / MODELS[model]).items():
+        for (kind, tname, n, k), ws in groups(CACHE / MODELS[model], args.kinds).items():
             qt = int(gguf.GGMLQuantizationType[tname])
             prep = [prepared(qt, w) for w in ws]
             one = None

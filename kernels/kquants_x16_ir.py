@@ -21,6 +21,13 @@ same integers, and the float operations per (m, n) are that fixed pair per super
 whatever M, the other rows or the thread count.  The integers stay in int32: |dot_j| ≤
 32·31·127 (Q5_K), |isum| ≤ 256·63·127·63 < 2^31 as in ggml.
 
+The one-row pass is bound by port 0 (vpdpbusd, vpmulld and 512-bit shifts share it), so the
+decode keeps shifts off it where it can, exactly: with VNNI, Q4_K's high nibbles enter
+``vpdpbusd`` in place as 16·u (u8 ≤ 240, no saturation there), the low nibbles' units
+scaled by 16·sc, and 16·isum (|16·isum| ≤ 8·63·16·60960 < 2^31) shifted back; Q6_K's
+high bits of chunks 0 and 1 are looked up from the qh nibble by ``vpshufb`` (port 5).  Each
+unit's codes are decoded beside their products (_fence), not all 64 first and spilled.
+
 M ≤ MAX_STATIC_M: one code path per M (``switch_static``), each code vector decoded once
 and used by all M rows.  Larger M: passes of PASS_M activation rows over the same
 PASS_TILES tiles (they stay in L2), each a static path — the same float sequence per (m, n).
@@ -46,7 +53,10 @@ QS_AT = {Q4_K: 320, Q5_K: 832, Q6_K: 1344}         # the low-nibble code vectors
 MAX_STATIC_M = 17      # one register-resident path per M up to this (draft-n 16 + 1)
 PASS_M = 8             # M > MAX_STATIC_M: activation rows per pass ...
 PASS_TILES = 4         # ... over this many tiles (Q4_K at K = 8960: 330 KB, in L2)
-PREFETCH_RECORDS = 2   # records ahead the tile prefetches, every cache line (0: none)
+PREFETCH_RECORDS = 2   # records ahead the tile prefetches, every cache line (0: none) ...
+PREFETCH_SPREAD = True  # ... a few lines before each unit (not all 37-53 at once: the fill buffers)
+SIXTEEN_HIGH = True     # VNNI, Q4_K: the high nibbles as 16·u (no shift; module docstring)
+Q6_LOOKUP = True        # VNNI, Q6_K: chunks 0, 1's high bits by vpshufb (port 5), not shifts (port 0)
 
 V16I8, V16I16, V32I16 = vector_type(I8, 16), vector_type(I16, 16), vector_type(I16, 32)
 U_MAX = {Q4_K: 15, Q5_K: 31, Q6_K: 63}
@@ -86,6 +96,23 @@ def _madd_words(builder, a, b):
     return builder.add(shuffle(builder, p, range(0, 32, 2)), shuffle(builder, p, range(1, 32, 2)))
 
 
+_SHIFT_LUT = [ir.Constant(V64I8, [((n >> 2 * c) & 3) << 4 for n in range(16)] * 4) for c in range(2)]
+
+
+def _pshufb(builder, table, idx):
+    """vpshufb: byte k = table[idx byte k] (idx bytes < 16, tables repeated per 16 bytes)."""
+    fn = builder.module.declare_intrinsic("llvm.x86.avx512.pshuf.b.512",
+                                          fnty=ir.FunctionType(V64I8, [V64I8, V64I8]))
+    return builder.bitcast(builder.call(fn, [table, builder.bitcast(idx, V64I8)]), V16I32)
+
+
+def _fence(builder) -> None:
+    """An empty ``asm sideeffect``: no instruction, but loads are not moved across it, so the
+    next unit's codes are decoded after this one's products (LLVM otherwise decodes all 64
+    code vectors first and spills them)."""
+    builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "", "", side_effect=True), [])
+
+
 def _pairs(builder, lo, hi):
     """Two <16 x i32> (values fitting i16) -> <32 x i16>: (lo[l], hi[l]) in word pair l."""
     return builder.bitcast(builder.or_(builder.and_(lo, _vec_i32(0xFFFF)), builder.shl(hi, _vec_i32(16))), V32I16)
@@ -97,8 +124,10 @@ class _Record:
     """The code vectors and scales of one record at the i8* p, loaded once and shared by
     every activation row of the pass."""
 
-    def __init__(self, builder, p, qtype: int, f16c: bool):
+    def __init__(self, builder, p, qtype: int, f16c: bool, vnni: bool):
         self.b, self.p, self.qtype = builder, p, qtype
+        self.sixteen = SIXTEEN_HIGH and vnni and qtype == Q4_K      # no u8 saturation with vpdpbusd
+        self.lookup = Q6_LOOKUP and vnni and qtype == Q6_K
         self._vec = {}
         if qtype == Q6_K:
             self.d = load_bytes(builder, p, 0, V16F32)
@@ -120,6 +149,8 @@ class _Record:
         kquants_x16: nibble h of qs vector 8c + t, the bits above from qh)."""
         b, q = self.b, self.qtype
         lo = self.vec(QS_AT[q] + 64 * (8 * c + t))
+        if h and self.sixteen:                         # 16·u: the high nibble in place
+            return b.bitcast(b.and_(lo, _vec_i32(0xF0F0F0F0)), V64I8)
         if h:
             lo = b.lshr(lo, _vec_i32(4))
         u = b.and_(lo, _vec_i32(0x0F0F0F0F))
@@ -129,24 +160,28 @@ class _Record:
             u = b.or_(u, b.and_(hb, _vec_i32(0x10101010)))
         elif q == Q6_K:                                # bits 2c, 2c + 1 of qh vector 8h + t -> 4, 5
             qh, s = self.vec(320 + 64 * (8 * h + t)), 2 * c
-            hb = b.shl(qh, _vec_i32(4 - s)) if s < 4 else b.lshr(qh, _vec_i32(s - 4))
+            if self.lookup and c < 2:                  # the low nibble's two fields, looked up
+                hb = _pshufb(b, _SHIFT_LUT[c], b.and_(qh, _vec_i32(0x0F0F0F0F)))
+            else:
+                hb = b.shl(qh, _vec_i32(4 - s)) if s < 4 else b.lshr(qh, _vec_i32(s - 4))
             u = b.or_(u, b.and_(hb, _vec_i32(0x30303030)))
         return b.bitcast(u, V64I8)
 
     def units(self):
-        """[(scale lanes <16 x i32>, [(codes, word index w)])]: the 8 sub-blocks of 32
-        (Q4_K, Q5_K) or the 16 groups of 16 (Q6_K), in value order."""
-        out = []
-        for c in range(4):
-            for h in range(2):
-                words = [(self.codes(c, h, t), 16 * c + 8 * h + t) for t in range(8)]
-                if self.qtype == Q6_K:
-                    for s in range(2):
-                        g = 4 * c + 2 * h + s
-                        out.append((self.bytes16(64 + 16 * g, True), words[4 * s:4 * s + 4]))
-                else:
-                    out.append((self.bytes16(64 + 16 * (2 * c + h), False), words))
-        return out
+        """Yields (unit j, scale lanes <16 x i32>, [(codes, word index w)]): the 8 sub-blocks
+        of 32 (Q4_K, Q5_K) or the 16 groups of 16 (Q6_K); each unit's codes are emitted when
+        it is reached, beside their use (all 64 decoded first spill).  self.sixteen: the
+        codes of high nibbles are 16·u and the other units' scales 16·sc (isum · 16)."""
+        q6 = self.qtype == Q6_K
+        for s in range(2) if q6 else (None,):          # Q6_K: the 8 qh vectors of words 4s … 4s+3
+            for c in range(4):                          # live across c, the 4 qs ones across h
+                for h in range(2):
+                    ts = range(4 * s, 4 * s + 4) if q6 else range(8)
+                    j = 4 * c + 2 * h + s if q6 else 2 * c + h
+                    sc = self.bytes16(64 + 16 * j, q6)
+                    if self.sixteen and not h:
+                        sc = self.b.shl(sc, _vec_i32(4))
+                    yield j, sc, [(self.codes(c, h, t), 16 * c + 8 * h + t) for t in ts]
 
     def min_weights(self):
         """Q4_K, Q5_K: [<32 x i16>] × 4, (mn_2k, mn_2k+1) per row: vpmaddwd with the pair
@@ -176,7 +211,8 @@ def _dot(builder, vnni: bool, words, xs, u_max: int, start):
     return dot if start is None else builder.add(dot, start)
 
 
-def _emit_record(builder, rec: _Record, vnni: bool, x: _Q8K, b, ms: list, accs: list) -> None:
+def _emit_record(builder, rec: _Record, vnni: bool, x: _Q8K, b, ms: list, accs: list,
+                 ahead: list) -> None:
     """accs[j] (alloca'd <16 x float>) += record rec against activation rows ms[j] of block b.
     x.bs: Q4_K, Q5_K int16 (nb, M, 8) per-32 bsums; Q6_K int32 (nb, M, 16) −32·bsum, where
     each group's dot starts (so that sc·dot is sc·(dot − 32·bsum))."""
@@ -190,12 +226,18 @@ def _emit_record(builder, rec: _Record, vnni: bool, x: _Q8K, b, ms: list, accs: 
 
     bs = [builder.gep(x.bs, [builder.mul(r, I64(64 if qt == Q6_K else 16))], source_etype=I8) for r in rows]
     isums = [None] * len(ms)
-    for g, (sc, words) in enumerate(rec.units()):
+    n_units = 16 if qt == Q6_K else 8
+    for i, (g, sc, words) in enumerate(rec.units()):
+        for at in ahead[len(ahead) * i // n_units:len(ahead) * (i + 1) // n_units]:
+            prefetch(builder, builder.gep(rec.p, [I64(at)], source_etype=I8))
         for j in range(len(ms)):
             xs = [bcast(bases[j], 4 * (16 * (w % 4) + w // 4), V64I8) for _, w in words]
             start = bcast(bs[j], 4 * g, V16I32) if qt == Q6_K else None
             prod = builder.mul(_dot(builder, vnni, [u for u, _ in words], xs, U_MAX[qt], start), sc)
             isums[j] = prod if isums[j] is None else builder.add(isums[j], prod)
+        _fence(builder)
+    if rec.sixteen:                                     # 16·isum, exactly: back to isum
+        isums = [builder.ashr(v, _vec_i32(4)) for v in isums]
     wts = rec.min_weights() if qt != Q6_K else []
     for j, r in enumerate(rows):
         dx = splat_v16f32(builder, builder.load(builder.gep(x.d, [r], source_etype=F32)))
@@ -230,9 +272,14 @@ def _emit_chunk(builder, qtype, vnni, f16c, wp, x: _Q8K, out, N, c, n_chunks):
             with cgutils.for_range(builder, nblk) as blk:
                 off = builder.mul(builder.add(builder.mul(t, nblk), blk.index), I64(rec_bytes))
                 p = builder.gep(wp, [off], source_etype=I8)
-                for line in range(0, rec_bytes, 64) if PREFETCH_RECORDS else ():
-                    prefetch(builder, builder.gep(p, [I64(PREFETCH_RECORDS * rec_bytes + line)], source_etype=I8))
-                _emit_record(builder, _Record(builder, p, qtype, f16c), vnni, x, blk.index, m_rows, accs)
+                ahead = [PREFETCH_RECORDS * rec_bytes + line for line in range(0, rec_bytes, 64)]
+                if not PREFETCH_RECORDS:
+                    ahead = []
+                elif not PREFETCH_SPREAD:
+                    for at in ahead:
+                        prefetch(builder, builder.gep(p, [I64(at)], source_etype=I8))
+                    ahead = []
+                _emit_record(builder, _Record(builder, p, qtype, f16c, vnni), vnni, x, blk.index, m_rows, accs, ahead)
             for m, a in zip(m_rows, accs):
                 dst = builder.gep(out, [builder.add(builder.mul(m, N), builder.mul(t, I64(ROWS)))],
                                   source_etype=F32)
