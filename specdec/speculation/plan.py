@@ -143,13 +143,8 @@ class Choice:
 def model_rate(costs: Costs, alpha: float, n_max: int) -> tuple[float, int]:
     """(R, n): tokens per target one-row pass the model's drafting predicts at acceptance alpha,
     and the draft length that gets it (R < 1: drafting loses to plain)."""
-    a, b, d = 1.0, costs.target.growth, costs.c
-    best = (1.0, 0)
-    for n in range(1, n_max + 1):
-        r = expected_tokens(alpha, n) / (n * d + a + b * n)
-        if r > best[0]:
-            best = (r, n)
-    return best
+    n, r = _best(alpha, costs.c, 1.0, costs.target.growth, 1, n_max)
+    return (r, n) if r > 1.0 else (1.0, 0)
 
 
 def choose(inp: PlanInput, costs: Costs, n_max: int = 8) -> Choice:
@@ -177,13 +172,14 @@ def choose(inp: PlanInput, costs: Costs, n_max: int = 8) -> Choice:
         # ski rental: the model waits until the saving forgone equals its window's prompt pass,
         # so an answer that ends sooner (a short RAG or translation reply) never pays for it
         wait = max(WAIT_TOKENS, math.ceil(min(max(w, 1) * per_tok / max(per_saved, 1e-12), 1e9)))
-        if r > 1.0 and (w >= WINDOW_MIN or w >= inp.prompt_len) and wait < n_new:
+        pays = r > 1.0 and (w >= WINDOW_MIN or w >= inp.prompt_len)    # the window is worth its pass
+        if pays and wait < n_new:
             window = max(1, w)
             tps.append(("model", n_new / (fixed + window * per_tok + wait * t.row_s
                                           + (n_new - wait) * t.row_s / r)))
             why = (f"{how}: its {window}-token window costs {_time(window * per_tok, t)} of {_time(saved, t)}"
                    f" saved, paid after {wait} tokens")
-        elif r > 1.0 and (w >= WINDOW_MIN or w >= inp.prompt_len):
+        elif pays:
             why = f"{how}: its window would pay only after {wait} tokens, more than the {n_new} asked"
         else:
             why = f"{how}: saves {_time(saved, t)}, less than its prompt pass of {WINDOW_MIN} tokens"
