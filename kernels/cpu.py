@@ -122,9 +122,20 @@ def force_path(env: dict | None = None) -> str | None:
     feats = [f if not (f.startswith("+") and f[1:].startswith(_OFF[name])) else "-" + f[1:]
              for f in get_host_cpu_features().split(",")]
     os.environ["NUMBA_CPU_FEATURES"] = ",".join(feats)
+    os.environ["NUMBA_CACHE_DIR"] = _cache_dir(name)
     config.reload_config()
     _forced["path"] = name
     return name
+
+
+def _cache_dir(name: str) -> str:
+    """A forced path's own Numba cache: the cache index keys compiled code by signature and
+    the codegen's CPU, not by the features a path turns off, so without it a forced process
+    would load the default path's machine code (and the default path a forced one's)."""
+    base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specdec", "numba")
+    leaf = f"path-{name}"
+    return base if os.path.basename(os.path.normpath(base)) == leaf else os.path.join(base, leaf)
 
 
 def check_path() -> None:

@@ -16,9 +16,10 @@ model sees the last W prompt tokens only, W the largest that costs at most WINDO
 what drafting is predicted to save (WINDOW_MIN..WINDOW_MAX; no model at all when even
 WINDOW_MIN does not pay: then the free drafters alone).  The free drafters (prompt lookup,
 the suffix store, a prediction) cost nothing when they do not match, so they are always on
-offer, and they alone draft the first WAIT_TOKENS tokens of an answer: the draft's prompt
-pass never delays the first token, and a short answer (a RAG reply of a few words) never
-pays it.  `choose` returns the Choice and why.
+offer, and they alone draft the first tokens of an answer: at least WAIT_TOKENS, and as
+many as it takes for the saving forgone to equal the window's prompt pass (ski rental:
+never worse than twice the best wait in hindsight), so the draft's prompt pass never delays
+the first token and a short answer (a RAG reply of a few words) never pays it.  `choose` returns the Choice and why.
 
 Per step, `PlannedLength` (an AdaptiveLength) picks n in 0..n_max for the coming step's key
 by the same E(n) / T(n) from the acceptance counted so far per key and position, starting
@@ -29,6 +30,7 @@ measured draft and verify times replace them as they come (timing-driven adaptat
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from .calibration import PassCosts, prior
@@ -39,7 +41,7 @@ FREE_DRAFT = 0.01         # a free drafter's step, in target one-row passes
 MODEL_ALPHA = {True: 0.75, False: 0.6}   # the draft model's prior acceptance, greedy / sampled
 WINDOW_MIN, WINDOW_MAX = 32, 512         # the draft model's prompt window, tokens
 WINDOW_SHARE = 0.3        # at most this share of the predicted saving goes to the draft's prompt pass
-WAIT_TOKENS = 16          # the draft model drafts once the answer has this many tokens (free drafters before)
+WAIT_TOKENS = 16          # the draft model drafts once the answer has at least this many tokens (free drafters before)
 N_UNBOUNDED = 256         # new tokens assumed when a request sets no bound
 LEDGER_PRIOR = 32.0       # pseudo-positions of the prior acceptance in a Ledger
 LEDGER_DECAY = 0.998      # weight kept per verified position: the Ledger remembers ~500 of them
@@ -116,6 +118,7 @@ class Choice:
     counts: bool                          # the length policy learns from counts alone
     tps: tuple[tuple[str, float], ...]    # predicted tokens per second of each option
     reason: str
+    wait_tokens: int = WAIT_TOKENS        # answer tokens before the model drafts (the ski-rental wait)
 
     @property
     def model(self) -> bool:
@@ -124,7 +127,7 @@ class Choice:
     @property
     def wait(self) -> int:
         """Answer tokens the free drafters alone draft before the model may."""
-        return WAIT_TOKENS if self.model else 0
+        return self.wait_tokens if self.model else 0
 
     @property
     def free_only(self) -> bool:
@@ -140,13 +143,8 @@ class Choice:
 def model_rate(costs: Costs, alpha: float, n_max: int) -> tuple[float, int]:
     """(R, n): tokens per target one-row pass the model's drafting predicts at acceptance alpha,
     and the draft length that gets it (R < 1: drafting loses to plain)."""
-    a, b, d = 1.0, costs.target.growth, costs.c
-    best = (1.0, 0)
-    for n in range(1, n_max + 1):
-        r = expected_tokens(alpha, n) / (n * d + a + b * n)
-        if r > best[0]:
-            best = (r, n)
-    return best
+    n, r = _best(alpha, costs.c, 1.0, costs.target.growth, 1, n_max)
+    return (r, n) if r > 1.0 else (1.0, 0)
 
 
 def choose(inp: PlanInput, costs: Costs, n_max: int = 8) -> Choice:
@@ -164,23 +162,33 @@ def choose(inp: PlanInput, costs: Costs, n_max: int = 8) -> Choice:
     if inp.model and costs.draft is not None:
         alpha = MODEL_ALPHA[inp.greedy] if inp.alpha_model is None else inp.alpha_model
         r, n = model_rate(costs, alpha, n_max)
-        saved = max(n_new - WAIT_TOKENS, 0) * t.row_s * (1.0 - 1.0 / r)   # seconds the model saves
+        per_saved = t.row_s * (1.0 - 1.0 / r)                # seconds the model saves per answer token
+        saved = max(n_new - WAIT_TOKENS, 0) * per_saved
         per_tok = max(costs.draft.prefill_tok_s, 1e-12)
         w = int(min(WINDOW_SHARE * saved / per_tok, WINDOW_MAX, max(inp.prompt_len, 1)))
         how = (f"draft model {r:.2f}x per step at n {n}, alpha {alpha:.2f}"
                f"{' prior' if inp.alpha_model is None else ' so far'} "
                f"(c {costs.c:.2f}, growth {t.growth:.2f}, {'measured' if t.measured else 'prior'})")
-        if r > 1.0 and (w >= WINDOW_MIN or w >= inp.prompt_len):
+        # ski rental: the model waits until the saving forgone equals its window's prompt pass,
+        # so an answer that ends sooner (a short RAG or translation reply) never pays for it
+        wait = max(WAIT_TOKENS, math.ceil(min(max(w, 1) * per_tok / max(per_saved, 1e-12), 1e9)))
+        pays = r > 1.0 and (w >= WINDOW_MIN or w >= inp.prompt_len)    # the window is worth its pass
+        if pays and wait < n_new:
             window = max(1, w)
-            tps.append(("model", n_new / (fixed + window * per_tok + n_new * t.row_s / r)))
-            why = f"{how}: its {window}-token window costs {_time(window * per_tok, t)} of {_time(saved, t)} saved"
+            tps.append(("model", n_new / (fixed + window * per_tok + wait * t.row_s
+                                          + (n_new - wait) * t.row_s / r)))
+            why = (f"{how}: its {window}-token window costs {_time(window * per_tok, t)} of {_time(saved, t)}"
+                   f" saved, paid after {wait} tokens")
+        elif pays:
+            why = f"{how}: its window would pay only after {wait} tokens, more than the {n_new} asked"
         else:
             why = f"{how}: saves {_time(saved, t)}, less than its prompt pass of {WINDOW_MIN} tokens"
     drafters = free + (("model",) if window is not None else ())
     best = max(tps, key=lambda kv: kv[1])
     reason = f"{why}; predicted {best[1] / plain_tps:.2f}x plain" + (
         f" ({best[1]:.1f} tok/s)" if t.measured else "")
-    return Choice(drafters, window, inp.seeded, tuple((k, round(v, 3)) for k, v in tps), reason)
+    return Choice(drafters, window, inp.seeded, tuple((k, round(v, 3)) for k, v in tps), reason,
+                  wait if window is not None else WAIT_TOKENS)
 
 
 class PlannedLength(AdaptiveLength):

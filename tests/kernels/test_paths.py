@@ -77,6 +77,25 @@ def test_every_path_this_host_runs_is_bitwise_the_default(tmp_path):
                 assert np.array_equal(got[key].view(np.uint32), default[key].view(np.uint32)), (p, key)
 
 
+def test_a_forced_path_compiles_into_a_cache_of_its_own(tmp_path):
+    """The cache index does not key code by the features a path turns off: a forced process
+    reading the default path's cache would run the default path's instructions."""
+    probe = ("import specdec.kernels\nfrom specdec.kernels import q8k\n"
+             "print(q8k.quantize_row_q8_k._cache._cache_path)")
+    paths = [p for p in cpu.PATHS if _runnable(p) and p != "amx"]
+    seen = set()
+    for p in paths:
+        env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_FEATURES", "NUMBA_CACHE_DIR")}
+        env.update({cpu.KERNELS_ENV: p, "NUMBA_CACHE_DIR": str(tmp_path)})
+        r = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        where = r.stdout.strip().splitlines()[-1]
+        assert where.startswith(str(tmp_path / f"path-{p}")), where
+        seen.add(where)
+    assert len(seen) == len(paths)
+
+
 def test_unknown_or_missing_paths_are_one_line_errors(monkeypatch, tmp_path):
     saved = dict(cpu._forced)
     try:

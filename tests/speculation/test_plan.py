@@ -110,11 +110,11 @@ def test_the_drafts_prompt_pass_is_bounded_and_after_the_first_token(tiny_model)
     trace = Trace()
     out = r.run(prompt, 100, trace=trace)
     c = r.plan.choice
-    assert c.model and c.window < len(prompt) and c.wait == WAIT_TOKENS
+    assert c.model and c.window < len(prompt) and c.wait >= WAIT_TOKENS
     assert sum(rows) <= c.window + 100 + 8                 # the window, then what was generated
     assert trace[0].source != "model" and "plan:" in trace[0].plan
     model_steps = [t for t in trace if t.source == "model"]
-    assert model_steps and min(t.n_context for t in model_steps) >= len(prompt) + WAIT_TOKENS
+    assert model_steps and min(t.n_context for t in model_steps) >= len(prompt) + c.wait
     assert StepRecord.from_json(trace[0].to_json()) == trace[0]
     assert out.ids == target.generate(prompt, n_predict=100, ignore_eos=True).ids
     assert "plan:" in out.stats.plan
