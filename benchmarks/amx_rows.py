@@ -5,9 +5,7 @@
    AMX tiles (kernels/legacy_amx.py, called directly whatever legacy_amx.MIN_M says), and
    the share of the AMX time the tile instructions themselves take (a loop of the same
    tileloadd/tdpbsud/tilestored count alone): the rest is the per-block float update.
-   The K-quants the same way on Qwen2.5-Coder-1.5B's own tensors (ffn_up Q4_K, ffn_down
-   Q6_K, attn_q Q4_K, GGUF layout): kquants_ir's drivers against kernels/kquants_amx.py,
-   the two alternated, the fastest of --reps each (the host is shared).
+   (The K-quants' tiles read the interleaved layout: benchmarks/x16_amx.py.)
    With --records, the legacy shapes in repack.py's 8-row records instead (the layout of a
    requantized draft and of a --no-mmap file): the VNNI records path against the tiles.
 2. Models: one forward over M new tokens after 128 cached (M = 1, 9, 16, 32, 64, 128) and a 512-token
@@ -102,7 +100,7 @@ def kernels(reps: int) -> list[dict]:
             x = rng.standard_normal((m, k)).astype(np.float32)
             out = np.empty((m, n), np.float32)
             vnni = _median_ms(lambda: legacy._matmul_quant(qt, w, x, out), reps)
-            tiles = _median_ms(lambda: legacy_amx.matmul(qt, w, x, out, legacy._vnni_matmul), reps)
+            tiles = _median_ms(lambda: legacy_amx.matmul(qt, w, x, out, legacy._matmul_quant), reps)
             pairs = (n // 16) * (k // 32) * -(-m // 32)          # dot_store2 calls of the pass
             xq, bbuf, cbuf = np.zeros((32, k), np.int8), np.zeros(512, np.uint8), np.zeros(512, np.int32)
             alone = _median_ms(lambda: _tiles_alone(legacy_amx.CONFIG, xq, k, bbuf, cbuf, pairs), reps)
@@ -126,34 +124,6 @@ def _alternated_ms(f1, f2, reps: int) -> tuple[float, float]:
     return min(t1) * 1e3, min(t2) * 1e3
 
 
-def kquant_kernels(reps: int) -> list[dict]:
-    import gguf
-    from numba import get_num_threads
-    from specdec.kernels import kquants_amx
-    from specdec.kernels.kquants_ir import MATMUL_Q8K
-    from specdec.kernels.q8k import quantize_q8_k
-    from specdec.models import hub
-    reader = gguf.GGUFReader(hub.resolve(KQUANT_MODEL))
-    tensors = {t.name: t for t in reader.tensors}
-    rng = np.random.default_rng(0)
-    rows = []
-    for name, tensor in KQUANT_SHAPES:
-        t = tensors[tensor]
-        qt, w = int(t.tensor_type), np.ascontiguousarray(t.data)
-        n, k = w.shape[0], int(t.shape[0])
-        for m in MS_K:
-            xq, xd, xbs = quantize_q8_k(rng.standard_normal((m, k)).astype(np.float32))
-            out, out2 = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
-            vnni, tiles = _alternated_ms(
-                lambda: MATMUL_Q8K[qt](w, xq, xd, xbs, out, get_num_threads()),
-                lambda: kquants_amx.matmul(qt, w, xq, xd, xbs, out2, False, MATMUL_Q8K), reps)
-            assert np.array_equal(out.view(np.uint32), out2.view(np.uint32))
-            rows.append({"tensor": name, "qtype": qt, "N": n, "K": k, "M": m, "vnni_ms": round(vnni, 4),
-                         "amx_ms": round(tiles, 4), "speedup": round(vnni / tiles, 3)})
-            print(json.dumps(rows[-1]), flush=True)
-    return rows
-
-
 def record_kernels(reps: int) -> list[dict]:
     import gguf
     from specdec.kernels import legacy_amx, repack
@@ -169,7 +139,7 @@ def record_kernels(reps: int) -> list[dict]:
             out, out2 = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
             vnni, tiles = _alternated_ms(
                 lambda: repack._matmul_quant(qt, w, x, out),
-                lambda: legacy_amx.matmul(qt, w, x, out2, repack._vnni_records, repacked=True), reps)
+                lambda: legacy_amx.matmul(qt, w, x, out2, lambda q, *a: repack.MATMUL[q](*a), repacked=True), reps)
             assert np.array_equal(out.view(np.uint32), out2.view(np.uint32))
             rows.append({"tensor": name, "qtype": qt, "layout": "records", "N": n, "K": k, "M": m,
                          "vnni_ms": round(vnni, 4), "amx_ms": round(tiles, 4), "speedup": round(vnni / tiles, 3)})
@@ -206,7 +176,6 @@ def main() -> None:
         write_json(a.out / "amx_rows_records.json", {"machine": machine_info(), "kernels": record_kernels(a.reps)})
         return
     result = {"machine": machine_info(), "kernels": [] if a.kquants_only else kernels(a.reps),
-              "kquant_kernels": kquant_kernels(a.reps),
               "models": [] if a.skip_models else models(a.reps, (KQUANT_MODEL,) if a.kquants_only else MODELS)}
     write_json(a.out / ("amx_rows_kquants.json" if a.kquants_only else "amx_rows.json"), result)
 

@@ -4,7 +4,7 @@ For each model and tensor kind (every layer's copy of it, used in turn, as a dec
 reads them), the best sweep's mean time per call for each M, with the activations already in
 Q8_K (the kernel alone).  The layout is whichever this tree prepares in-memory weights in:
 the 16-row interleaved records (kernels/kquants_x16_ir) where the tree has them, else the
-in-block lane order (kernels/kquants_repack) — so the same script, run from two worktrees
+in-block lane order of earlier trees — so the same script, run from two worktrees
 alternately, compares the two.
 
     python benchmarks/kernels_x16.py [--m 1 2 ... 17] [--sweeps 7] [--kinds ffn_down output ...] [--json out.json]
@@ -29,6 +29,7 @@ from specdec.kernels.q8k import quantize_q8_k  # noqa: E402
 try:
     from specdec.kernels import kquants_x16 as x16
     from specdec.kernels.kquants_x16_ir import MATMUL_Q8K as X16_DRIVERS
+    from specdec.kernels.kquants_ir import MATMUL_Q8K
     LAYOUT = "x16"
 except ImportError:                       # a tree without the interleaved layout
     from specdec.kernels import kquants_repack
@@ -45,6 +46,8 @@ def prepared(qt: int, w: np.ndarray):
     """(weights as loaded, driver, parallel chunks) in this tree's in-memory layout."""
     if LAYOUT == "x16" and x16.can_interleave(qt, w.shape[0]):
         return x16.interleave(qt, w), X16_DRIVERS[qt], max(1, min(get_num_threads(), w.shape[0] // 16))
+    if LAYOUT == "x16":                       # not 16k rows: this tree reads the GGUF rows
+        return w, MATMUL_Q8K[qt], max(1, min(get_num_threads(), w.shape[0]))
     return kquants_repack.repack(w, qt), MATMUL_Q8K_REPACKED[qt], max(1, min(get_num_threads(), w.shape[0]))
 
 

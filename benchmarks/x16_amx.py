@@ -12,8 +12,8 @@
 2. pp512: every K-quant matmul of the model at M = 512 (one tensor per kind, times its count)
    for x16-amx and base-amx / base-vnni; the base's pp512 (a 512-token prompt, last_only)
    under both paths; llama-bench's pp512 (-t 2); and the pp512 the tiles would give:
-   512 / (base pass − base matmuls + x16-amx matmuls), an estimate (the engine does not call
-   the tiles yet).
+   512 / (base pass − base matmuls + x16-amx matmuls), an estimate made before the engine
+   called the tiles (benchmarks/verify_curve.py measures the pp512 they give).
 
 Intel hosts with AMX only.  Writes x16_amx.json (machine record included) into --out.
 

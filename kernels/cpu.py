@@ -149,9 +149,9 @@ def check_path() -> None:
 
 
 def tiles() -> bool:
-    """Whether the quantized passes of many rows (legacy quants, K-quants) run on AMX tiles:
-    only when forced (SPECDEC_KERNELS=amx) on a host that can; measured no faster than the
-    VNNI paths under the exact float contracts, so not the default (docs/architecture.md, AMX)."""
+    """Whether the legacy quants' passes of many rows run on AMX tiles: only when forced
+    (SPECDEC_KERNELS=amx) on a host that can; measured no faster than the VNNI paths under
+    their exact per-block float contract, so not the default (docs/architecture.md, AMX)."""
     return _forced.get("path") == "amx" and amx.available()
 
 
@@ -174,8 +174,8 @@ def kernel_paths() -> dict[str, str]:
     """Which instruction path each kernel family compiles to with the current target."""
     dot = "avx2 vpmaddubsw + vpmaddwd" if have_avx2() else "portable (no AVX2)"
     return {"path": path(), "forced": _forced.get("path", ""),
-            "amx": ("tiles: legacy quants (tdpbsud) from 16 rows, K-quants (tdpbusd) from 64, interleaved "
-                    "K-quants from 16" if tiles() else
+            "amx": ("tiles: legacy quants (tdpbsud) from 16 rows, interleaved K-quants from 16"
+                    if tiles() else
                     "tiles: interleaved K-quants from 16 rows; the rest off unless SPECDEC_KERNELS=amx"
                     if tiles_x16() else "available, off (SPECDEC_KERNELS forces another path)"
                     if amx.available() else amx.status()),

@@ -29,10 +29,11 @@ bits are decoded to floats in one place.
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import drivers
 from .formats import FORMATS, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 from .ir import (F32, I8, I16, I32, I64, V16F32, V16I8, V16I32, f16_to_f32, have_f16c, prefetch,
                  splat, switch_static)
@@ -256,65 +257,11 @@ ROWS_DOT = {qt: make_rows_dot(qt) for qt in DECODERS}
 
 
 # ------------------------------------------------------------------------------ drivers
-# matmul_dot_<fmt>(w, x, out, n_chunks): out (M, N) = x · dequant(W)ᵀ for M <= MAX_FUSED_M,
-# prange over n_chunks contiguous chunks of rows.  One driver per format (the kernel is a
-# global constant of its driver), in this file so that an edit of the IR invalidates them.
+# MATMUL_DOT[qtype](w, x, out, n_chunks): out (M, N) = x · dequant(W)ᵀ for M <= MAX_FUSED_M,
+# prange over n_chunks contiguous chunks of rows (drivers.chunked: compiled as this file's code).
 
-_dot_q4_0, _dot_q4_1, _dot_q5_0, _dot_q5_1, _dot_q8_0, _dot_q4_k, _dot_q5_k, _dot_q6_k = (
-    ROWS_DOT[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K))
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_dot_q4_0(w, x, out, n_chunks):
-    for c in prange(n_chunks):
-        _dot_q4_0(w, x, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_dot_q4_1(w, x, out, n_chunks):
-    for c in prange(n_chunks):
-        _dot_q4_1(w, x, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_dot_q5_0(w, x, out, n_chunks):
-    for c in prange(n_chunks):
-        _dot_q5_0(w, x, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_dot_q5_1(w, x, out, n_chunks):
-    for c in prange(n_chunks):
-        _dot_q5_1(w, x, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_dot_q8_0(w, x, out, n_chunks):
-    for c in prange(n_chunks):
-        _dot_q8_0(w, x, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_dot_q4_k(w, x, out, n_chunks):
-    for c in prange(n_chunks):
-        _dot_q4_k(w, x, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_dot_q5_k(w, x, out, n_chunks):
-    for c in prange(n_chunks):
-        _dot_q5_k(w, x, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_dot_q6_k(w, x, out, n_chunks):
-    for c in prange(n_chunks):
-        _dot_q6_k(w, x, out, c, n_chunks)
-
-
-MATMUL_DOT = {Q4_0: matmul_dot_q4_0, Q4_1: matmul_dot_q4_1, Q5_0: matmul_dot_q5_0,
-              Q5_1: matmul_dot_q5_1, Q8_0: matmul_dot_q8_0, Q4_K: matmul_dot_q4_k,
-              Q5_K: matmul_dot_q5_k, Q6_K: matmul_dot_q6_k}
+MATMUL_DOT = {qt: drivers.chunked(globals(), f"matmul_dot_{FORMATS[qt].key}", dot, "w, x, out")
+              for qt, dot in ROWS_DOT.items()}
 
 
 # ---------------------------------------------------------------------------- row lookup
@@ -347,49 +294,5 @@ def make_get_rows(qtype: int, f16c: bool | None = None):
     return intrinsic(get_rows)
 
 
-_rows_q4_0, _rows_q4_1, _rows_q5_0, _rows_q5_1, _rows_q8_0, _rows_q4_k, _rows_q5_k, _rows_q6_k = (
-    make_get_rows(qt) for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K))
-
-
-@njit(cache=True, nogil=True)
-def get_rows_q4_0(w, ids, out):
-    _rows_q4_0(w, ids, out)
-
-
-@njit(cache=True, nogil=True)
-def get_rows_q4_1(w, ids, out):
-    _rows_q4_1(w, ids, out)
-
-
-@njit(cache=True, nogil=True)
-def get_rows_q5_0(w, ids, out):
-    _rows_q5_0(w, ids, out)
-
-
-@njit(cache=True, nogil=True)
-def get_rows_q5_1(w, ids, out):
-    _rows_q5_1(w, ids, out)
-
-
-@njit(cache=True, nogil=True)
-def get_rows_q8_0(w, ids, out):
-    _rows_q8_0(w, ids, out)
-
-
-@njit(cache=True, nogil=True)
-def get_rows_q4_k(w, ids, out):
-    _rows_q4_k(w, ids, out)
-
-
-@njit(cache=True, nogil=True)
-def get_rows_q5_k(w, ids, out):
-    _rows_q5_k(w, ids, out)
-
-
-@njit(cache=True, nogil=True)
-def get_rows_q6_k(w, ids, out):
-    _rows_q6_k(w, ids, out)
-
-
-GET_ROWS_DEQUANT = {Q4_0: get_rows_q4_0, Q4_1: get_rows_q4_1, Q5_0: get_rows_q5_0, Q5_1: get_rows_q5_1,
-                    Q8_0: get_rows_q8_0, Q4_K: get_rows_q4_k, Q5_K: get_rows_q5_k, Q6_K: get_rows_q6_k}
+GET_ROWS_DEQUANT = {qt: drivers.wrapper(globals(), f"get_rows_{FORMATS[qt].key}", make_get_rows(qt), "w, ids, out")
+                    for qt in DECODERS}

@@ -24,12 +24,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import get_num_threads, njit
 
 from . import matmul
 from .kquants import matmul_q8k
-from .formats import Q4_K, Q5_K, Q6_K
-from .kquants_ir import MATMUL_Q8K, _chunk_q4_k, _chunk_q5_k, _chunk_q6_k
+from .kquants_ir import EXPERTS, MATMUL_Q8K
 from .ops import swiglu
 from .q8k import quantize_q8_k
 
@@ -82,33 +81,11 @@ def route(logits, k, norm, scale):
 
 
 # One row (decoding): the k experts' matmuls of one kind in one parallel region, a task per
-# (expert, chunk of output rows), each the chunk kernel the dense driver runs (kquants_ir), so
-# every value is the one matmul_q8k computes.  One function per format (Numba caches a
-# function per definition).   w3 (E, N, ·); ids (G,); xq3 (G, K/256, 1, 256), xd3 (G, K/256, 1),
-# xbs3 (G, K/256, 1, 16) each expert's Q8_K input; out3 (G, 1, N).
-
-@njit(cache=True, nogil=True, parallel=True)
-def _experts_q4_k(w3, ids, xq3, xd3, xbs3, out3, n_chunks):
-    for t in prange(ids.shape[0] * n_chunks):
-        g = t // n_chunks
-        _chunk_q4_k(w3[ids[g]], xq3[g], xd3[g], xbs3[g], out3[g], t % n_chunks, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _experts_q5_k(w3, ids, xq3, xd3, xbs3, out3, n_chunks):
-    for t in prange(ids.shape[0] * n_chunks):
-        g = t // n_chunks
-        _chunk_q5_k(w3[ids[g]], xq3[g], xd3[g], xbs3[g], out3[g], t % n_chunks, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _experts_q6_k(w3, ids, xq3, xd3, xbs3, out3, n_chunks):
-    for t in prange(ids.shape[0] * n_chunks):
-        g = t // n_chunks
-        _chunk_q6_k(w3[ids[g]], xq3[g], xd3[g], xbs3[g], out3[g], t % n_chunks, n_chunks)
-
-
-ONE_ROW = {Q4_K: _experts_q4_k, Q5_K: _experts_q5_k, Q6_K: _experts_q6_k}
+# (expert, chunk of output rows), each the chunk kernel the dense driver runs (kquants_ir
+# EXPERTS), so every value is the one matmul_q8k computes.   w3 (E, N, ·); ids (G,); xq3
+# (G, K/256, 1, 256), xd3 (G, K/256, 1), xbs3 (G, K/256, 1, 16) each expert's Q8_K input;
+# out3 (G, 1, N).
+ONE_ROW = EXPERTS
 
 
 def _per_expert(xq, xd, xbs, k: int):

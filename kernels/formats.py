@@ -44,6 +44,11 @@ class Format:
     def name(self) -> str:
         return _T(self.qtype).name
 
+    @property
+    def key(self) -> str:
+        """The name in lower case, as kernel names carry it (q4_k)."""
+        return self.name.lower()
+
     def row_bytes(self, k: int) -> int:
         """Bytes of a row of k values (k a multiple of block_size)."""
         return k // self.block_size * self.type_size

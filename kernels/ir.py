@@ -82,11 +82,12 @@ def load_bytes(builder, p, byte_off: int, ty: ir.Type):
     return builder.load(builder.gep(p, [I64(byte_off)], source_etype=I8), typ=ty, align=1)
 
 
-def prefetch(builder, p) -> None:
-    """Read prefetch of the cache line at the i8* p into all cache levels (prefetcht0)."""
+def prefetch(builder, p, locality: int = 3) -> None:
+    """Read prefetch of the cache line at the i8* p: locality 3 into all cache levels
+    (prefetcht0), 1 into L2 and beyond (prefetcht2, which leaves L1's fill buffers free)."""
     fn = builder.module.declare_intrinsic(
         "llvm.prefetch.p0", fnty=ir.FunctionType(ir.VoidType(), [p.type, I32, I32, I32]))
-    builder.call(fn, [p, I32(0), I32(3), I32(1)])
+    builder.call(fn, [p, I32(0), I32(locality), I32(1)])
 
 
 # ------------------------------------------------------------------- lanes

@@ -2,10 +2,9 @@
 
 ``MATMUL[qtype](w, x, out)``: out[m, n] = dot(W[n, :], x[m, :]) the way llama.cpp's CPU
 backend computes it (ggml_vec_dot_qX_K_q8_K): each activation row is quantized to Q8_K
-(q8k.py), every super-block of 256 is an exact integer dot product per scale group, scaled
-by d·dx (and the mins by dmin·dx), accumulated in float32 super-block after super-block
-(16 lanes, folded in a fixed order at the end; see kquants_ir; the same in plain NumPy:
-kernels/reference.kquant_dot).
+(q8k.py), every super-block of 256 reduces to exact integers (isum, and imin for the formats
+with mins), applied by two FMAs with d·dx and −dmin·dx, super-block after super-block
+(kquants_ir; the same in plain NumPy: kernels/reference.kquant_dot).
 
     w    uint8 (N, row_bytes) raw GGUF rows, zero-copy, C-contiguous
     x    float32 (M, K), K % 256 == 0
@@ -14,7 +13,7 @@ kernels/reference.kquant_dot).
 Each weight super-block is read and decoded once and used for all M rows (kquants_ir);
 no dequantized copy of a weight matrix is ever built.  Row independence: out[m] depends on
 x[m] only, bitwise, whatever M and the thread count are — whichever code path M selects
-(one register-resident path per M <= MAX_STATIC_M, tiles above), every (n, m) goes through
+(one register-resident path per M <= MAX_STATIC_M, passes above), every (n, m) goes through
 the same fixed sequence of float operations.
 
 ``GET_ROWS[qtype](w, ids, out)``: bit-exact dequantization of rows ``ids`` (dequant_ir's block
@@ -25,7 +24,6 @@ from __future__ import annotations
 import numpy as np
 from numba import get_num_threads
 
-from . import cpu, kquants_amx
 from . import kquants_dequant as dq
 from .dequant_ir import GET_ROWS_DEQUANT
 from .formats import FORMATS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
@@ -42,10 +40,9 @@ def _check_weights(qtype: int, w: np.ndarray, k: int) -> None:
 
 
 def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.ndarray,
-               out: np.ndarray, drivers=MATMUL_Q8K) -> None:
+               out: np.ndarray) -> None:
     """out = x · Wᵀ from activations already quantized by q8k.quantize_q8_k, so several
-    weight matrices reading the same input (q/k/v, gate/up) can share one quantization;
-    drivers: kquants_ir's table for w's layout (the GGUF one, or MATMUL_Q8K_REPACKED)."""
+    weight matrices reading the same input (an expert's gate and up) share one quantization."""
     nb, m = xd.shape
     k = nb * QK_K
     if xq.shape != (nb, m, QK_K) or xbs.shape != (nb, m, 16) or not all(
@@ -54,11 +51,8 @@ def matmul_q8k(qtype: int, w: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: n
     _check_weights(qtype, w, k)
     if out.shape != (m, w.shape[0]) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, w.shape[0])}")
-    if m >= kquants_amx.MIN_M.get(qtype, m + 1) and cpu.tiles():
-        kquants_amx.matmul(qtype, w, xq, xd, xbs, out, drivers is not MATMUL_Q8K, drivers)  # the same bits
-        return
     n_chunks = max(1, min(get_num_threads(), w.shape[0]))   # one contiguous chunk per thread
-    drivers[qtype](w, xq, xd, xbs, out, n_chunks)
+    MATMUL_Q8K[qtype](w, xq, xd, xbs, out, n_chunks)
 
 
 def _matmul_fn(qtype: int):
@@ -66,7 +60,7 @@ def _matmul_fn(qtype: int):
         """w uint8 (N, row_bytes), x float32 (M, K) -> out float32 (M, N), in place."""
         xq, xd, xbs = quantize_q8_k(x)
         matmul_q8k(qtype, w, xq, xd, xbs, out)
-    matmul.__name__ = f"matmul_{FORMATS[qtype].name.lower()}"
+    matmul.__name__ = f"matmul_{FORMATS[qtype].key}"
     return matmul
 
 
@@ -80,7 +74,7 @@ def _get_rows_fn(qtype: int, kernel):
         if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
             raise IndexError(f"row id out of range [0, {w.shape[0]})")
         kernel(w, ids, out)
-    get_rows.__name__ = f"get_rows_{FORMATS[qtype].name.lower()}"
+    get_rows.__name__ = f"get_rows_{FORMATS[qtype].key}"
     return get_rows
 
 

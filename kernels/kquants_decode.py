@@ -5,8 +5,7 @@ returns its unsigned codes as four vectors V_k (k = 0…3) of 16 int32 lanes, la
 the values 16L+4k … 16L+4k+3 of scale group L (one byte each: Q8_K's lane-major order, see
 q8k.py), the integer scales sc (and mins mn) of the 16 groups as <16 x i32> lanes and the
 float super-block scales d (and dmin): the parts of reference.kquant_parts, in registers.
-``DECODERS``: the GGUF blocks (ggml's dequantize_row_qX_K); ``REPACKED_DECODERS``: the
-blocks rewritten in the lane order by kquants_repack.py.  Numba caches a driver on its own
+``DECODERS``: the GGUF blocks (ggml's dequantize_row_qX_K).  Numba caches a driver on its own
 file only: after editing this file clear the caches of kernels/ (as for ir.py).
 """
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Callable, NamedTuple
 from llvmlite import ir
 
 from .formats import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
-from .ir import I8, I16, I32, V16I32, const_vector, f16_to_f32, load_bytes, shuffle, shuffle2
+from .ir import I8, I16, I32, V16I32, const_vector, f16_to_f32, load_bytes, shuffle
 
 LANES = range(16)
 
@@ -174,71 +173,4 @@ def _decode_q2_k(builder, p, f16c):
 DECODERS: dict[int, Callable] = {           # qtype -> super-block decoder
     Q2_K: _decode_q2_k, Q3_K: _decode_q3_k, Q4_K: _decode_q4_k, Q5_K: _decode_q5_k,
     Q6_K: _decode_q6_k,
-}
-
-
-# ------------------------------------------------- decoders of repacked blocks
-
-V32I8 = ir.VectorType(I8, 32)
-
-
-def _byte_shift(builder, v, by: int):
-    """v << by (by > 0) or v >> −by, bytewise (<32 x i8>)."""
-    if by > 0:
-        return builder.shl(v, ir.Constant(V32I8, by))
-    return builder.lshr(v, ir.Constant(V32I8, -by)) if by < 0 else v
-
-
-def _nibbles(builder, p, off: int, k: int):
-    """(low nibbles, high nibbles) of the 32 bytes at off + 32k: lanes 0-7 and 8-15 of V_k."""
-    c = load_bytes(builder, p, off + 32 * k, V32I8)
-    return (builder.and_(c, ir.Constant(V32I8, 15)),
-            builder.and_(builder.lshr(c, ir.Constant(V32I8, 4)), ir.Constant(V32I8, 15)))
-
-
-def _v16(builder, lo, hi):
-    """Two <32 x i8> halves -> one <16 x i32> V_k (lanes 0-7, 8-15)."""
-    return builder.bitcast(shuffle2(builder, lo, hi, list(range(64))), V16I32)
-
-
-def _decode_q4_k_r(builder, p, f16c):
-    """Repacked block_q4_K (kquants_repack.py): header as stored, qs in the V_k order."""
-    u = [_v16(builder, *_nibbles(builder, p, 16, k)) for k in range(4)]
-    sc, mn = k4_scales(builder, p, 4)
-    (d, d16), (dmin, dmin16) = (_half(builder, p, at, f16c) for at in (0, 2))
-    return Decoded(u, sc, mn, d, dmin, 0, 15, d16, dmin16)
-
-
-def _decode_q5_k_r(builder, p, f16c):
-    """Repacked block_q5_K: qs as Q4_K's, bit 2k + h of qh byte j = the fifth bit of
-    byte j of half h of V_k."""
-    qh = load_bytes(builder, p, 16, V32I8)
-    u = []
-    for k in range(4):
-        halves = [builder.or_(nib, builder.and_(_byte_shift(builder, qh, 4 - (2 * k + h)),
-                                                ir.Constant(V32I8, 0x10)))
-                  for h, nib in enumerate(_nibbles(builder, p, 48, k))]
-        u.append(_v16(builder, *halves))
-    sc, mn = k4_scales(builder, p, 4)
-    (d, d16), (dmin, dmin16) = (_half(builder, p, at, f16c) for at in (0, 2))
-    return Decoded(u, sc, mn, d, dmin, 0, 31, d16, dmin16)
-
-
-def _decode_q6_k_r(builder, p, f16c):
-    """Repacked block_q6_K: ql in the V_k order (as Q4_K's qs), crumb k of qh byte
-    32h + j = the two high bits of byte j of half h of V_k."""
-    qh = [load_bytes(builder, p, 128 + 32 * h, V32I8) for h in range(2)]
-    u = []
-    for k in range(4):
-        halves = [builder.or_(nib, builder.and_(_byte_shift(builder, qh[h], 4 - 2 * k),
-                                                ir.Constant(V32I8, 0x30)))
-                  for h, nib in enumerate(_nibbles(builder, p, 0, k))]
-        u.append(_v16(builder, *halves))
-    sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
-    d, d16 = _half(builder, p, 208, f16c)
-    return Decoded(u, sc, None, d, None, 32, 63, d16)
-
-
-REPACKED_DECODERS: dict[int, Callable] = {  # qtype -> decoder of its repacked super-block
-    Q4_K: _decode_q4_k_r, Q5_K: _decode_q5_k_r, Q6_K: _decode_q6_k_r,
 }

@@ -29,7 +29,7 @@ d·dx and dmin·dx are float32 products of the same operands as the reference's,
 (n, m) sees the same float operations whatever M, R and the other rows are; out[m, n] = acc.
 |isum| < 2^31 (bounds in kquants_decode), float(isum) rounds as cvtdq2ps.
 
-Arrays (C-contiguous):  w uint8 (N, row_bytes) GGUF or kquants_repack rows;  the Q8_K
+Arrays (C-contiguous):  w uint8 (N, row_bytes) GGUF rows;  the Q8_K
 activations in the block-major layout of q8k.py: xq int8 (K/256, M, 256) lane-major codes in
 [-127, 127], xd float32 (K/256, M), xbs int16 (K/256, M, 16) per-16 code sums;  out float32 (M, N).
 """
@@ -38,14 +38,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .formats import FORMATS, KQUANTS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, QK_K
+from .formats import FORMATS, KQUANTS, Q4_K, Q5_K, Q6_K, QK_K
 from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_chain, f16_to_f32,
                  fma_v16f32, have_avx2, have_f16c, have_vnni512, prefetch, shuffle2, switch_static)
-from .kquants_decode import DECODERS, REPACKED_DECODERS, Decoded, k4_scales  # noqa: F401 (their home before)
+from . import drivers
+from .kquants_decode import DECODERS, Decoded, k4_scales  # noqa: F401 (their home before)
 
 PREFETCH_BLOCKS = 8  # a path of one weight row at a time prefetches this many super-blocks ahead
 PASS_ROWS = 64  # M > MAX_STATIC_M: weight rows per pass (~55-320 KB of them stay in L2 while ...
@@ -242,13 +243,11 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, f16c: bool, wp, r
                 switch_static(builder, ms, PASS_M, lambda k: rows_static(k, m0, n0, n1), "pass_m")
 
 
-def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None,
-                      repacked: bool = False):
+def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None):
     """-> intrinsic ``kernel(w, xq, xd, xbs, out, c, n_chunks)``: out[:, n] for the
-    rows n of chunk c (see _emit_chunk); repacked: w holds kquants_repack.py's blocks.
-    ``vnni`` / ``f16c`` pick the instruction path (default: what the target has); every path
-    computes the same values."""
-    decoder = (REPACKED_DECODERS if repacked else DECODERS)[qtype]
+    rows n of chunk c (see _emit_chunk).  ``vnni`` / ``f16c`` pick the instruction path
+    (default: what the target has); every path computes the same values."""
+    decoder = DECODERS[qtype]
     block_bytes = FORMATS[qtype].type_size
     vnni = have_vnni512() if vnni is None else vnni
     f16c = have_f16c() if f16c is None else f16c
@@ -273,7 +272,7 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
             return context.get_dummy_value()
         return sig, codegen
 
-    kernel.__name__ = f"chunk_{FORMATS[qtype].name.lower()}{'_r' if repacked else ''}"
+    kernel.__name__ = f"chunk_{FORMATS[qtype].key}"
     return intrinsic(kernel)
 
 
@@ -298,68 +297,13 @@ def make_load_f16(f16c: bool | None = None):
 
 
 load_f16 = make_load_f16()
-_chunk_q2_k, _chunk_q3_k, _chunk_q4_k, _chunk_q5_k, _chunk_q6_k = (
-    make_chunk_kernel(qt) for qt in KQUANTS)
-_chunk_q4_k_r, _chunk_q5_k_r, _chunk_q6_k_r = (
-    make_chunk_kernel(qt, repacked=True) for qt in (Q4_K, Q5_K, Q6_K))
+CHUNK = {qt: make_chunk_kernel(qt) for qt in KQUANTS}       # qtype -> chunk kernel (experts.py too)
 
-
-# ------------------------------------------------------------------------------ drivers
-# matmul_<fmt>(w, xq, xd, xbs, out, n_chunks): out (M, N) = x · Wᵀ from Q8_K
-# activations, prange over n_chunks contiguous chunks of output rows.  One driver per format: Numba caches a
-# function per definition, so the kernel is a global constant, not an argument; the drivers live in
-# this file so that an edit of the IR above invalidates their cache.
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_q2_k(w, xq, xd, xbs, out, n_chunks):
-    for c in prange(n_chunks):
-        _chunk_q2_k(w, xq, xd, xbs, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_q3_k(w, xq, xd, xbs, out, n_chunks):
-    for c in prange(n_chunks):
-        _chunk_q3_k(w, xq, xd, xbs, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_q4_k(w, xq, xd, xbs, out, n_chunks):
-    for c in prange(n_chunks):
-        _chunk_q4_k(w, xq, xd, xbs, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_q5_k(w, xq, xd, xbs, out, n_chunks):
-    for c in prange(n_chunks):
-        _chunk_q5_k(w, xq, xd, xbs, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_q6_k(w, xq, xd, xbs, out, n_chunks):
-    for c in prange(n_chunks):
-        _chunk_q6_k(w, xq, xd, xbs, out, c, n_chunks)
-
-
-MATMUL_Q8K = {Q2_K: matmul_q2_k, Q3_K: matmul_q3_k, Q4_K: matmul_q4_k, Q5_K: matmul_q5_k,
-              Q6_K: matmul_q6_k}
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_q4_k_r(w, xq, xd, xbs, out, n_chunks):
-    for c in prange(n_chunks):
-        _chunk_q4_k_r(w, xq, xd, xbs, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_q5_k_r(w, xq, xd, xbs, out, n_chunks):
-    for c in prange(n_chunks):
-        _chunk_q5_k_r(w, xq, xd, xbs, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_q6_k_r(w, xq, xd, xbs, out, n_chunks):
-    for c in prange(n_chunks):
-        _chunk_q6_k_r(w, xq, xd, xbs, out, c, n_chunks)
-
-
-MATMUL_Q8K_REPACKED = {Q4_K: matmul_q4_k_r, Q5_K: matmul_q5_k_r, Q6_K: matmul_q6_k_r}
+# MATMUL_Q8K[qtype](w, xq, xd, xbs, out, n_chunks): out (M, N) = x · Wᵀ from Q8_K activations,
+# prange over n_chunks contiguous chunks of output rows (drivers.chunked: this file's code).
+MATMUL_Q8K = {qt: drivers.chunked(globals(), f"matmul_{FORMATS[qt].key}", CHUNK[qt], "w, xq, xd, xbs, out")
+              for qt in KQUANTS}
+# EXPERTS[qtype](w3, ids, xq3, xd3, xbs3, out3, n_chunks): one row through several experts
+# (experts.py), a task per (expert, chunk), each the chunk kernel above (drivers.experts).
+EXPERTS = {qt: drivers.experts(globals(), f"experts_{FORMATS[qt].key}", CHUNK[qt], "xq3, xd3, xbs3, out3")
+           for qt in (Q4_K, Q5_K, Q6_K)}

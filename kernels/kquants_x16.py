@@ -28,15 +28,13 @@ lines).  Every record is a multiple of 64 bytes.  The array is uint8 (N/16, nb �
 N % 16 == 0 (other tensors keep the row layouts).  ``interleave`` and ``deinterleave`` are exact
 inverses (the GGUF bytes come back bit for bit); both are plain NumPy, run once at load.
 
-The matmul (kquants_x16_ir) and row lookup on it, numbered ``INTERLEAVED[qtype] = 0x200 | qtype``
-(never a ggml type; kernels/repack.py's front door hands weights this layout at load):
+The SIMD matmul (kquants_x16_ir) and row lookup on it; the layout's type id is
+``INTERLEAVED[qtype] = 0x200 | qtype`` (never a ggml type; kernels/registry.py binds these and
+kquants_x16_amx's tiles to it):
 
     matmul_q8k(qtype, wi, xq, xd, xbs, out)   out (M, N) from q8k.quantize_q8_k's activations
-    matmul(qtype, wi, x, out)                 the same from float32 x (M, K)
-    get_rows(qtype, wi, ids, out)             rows ids dequantized, bit for bit ggml's get_rows
-    TILES                                     qtype -> (min M, fn(qtype, wi, xq, xd, xbs, out)):
-                                              the AMX tile kernels on these bytes, when a tile
-                                              module registers one (cpu.tiles_x16)
+    MATMUL[qtype](wi, x, out)                 the same from float32 x (M, K)
+    GET_ROWS[qtype](wi, ids, out)             rows ids dequantized, bit for bit ggml's get_rows
 """
 from __future__ import annotations
 
@@ -44,11 +42,10 @@ import mmap
 
 import numpy as np
 
-from typing import Callable
 
 from numba import get_num_threads
 
-from . import cpu, kquants
+from . import kquants
 from .checks import frozen
 from .formats import FORMATS, Q5_K, Q6_K, QK_K
 from . import kquants_x16_ir
@@ -58,7 +55,7 @@ from .q8k import quantize_q8_k
 RECORD = kquants_x16_ir.RECORD                    # bytes per (tile, super-block)
 INTERLEAVABLE = tuple(RECORD)
 INTERLEAVED = {qt: 0x200 | qt for qt in INTERLEAVABLE}
-TILES: dict[int, tuple[int, Callable]] = {}       # filled by a tile module (module docstring)
+CHUNK_TILES = 64                                  # tiles interleaved per step at load
 
 
 def can_interleave(qtype: int, n_rows: int) -> bool:
@@ -108,13 +105,24 @@ def _unhigh(hv: np.ndarray, qtype: int) -> np.ndarray:
 
 
 def interleave(qtype: int, w: np.ndarray) -> np.ndarray:
-    """uint8 (N, row_bytes) GGUF rows -> uint8 (N/16, nb · RECORD) records (module docstring)."""
-    from .reference import kquant_parts                # the parts as ggml's dequantize reads them
+    """uint8 (N, row_bytes) GGUF rows -> uint8 (N/16, nb · RECORD) records (module docstring),
+    CHUNK_TILES tiles at a time (the temporaries stay in cache)."""
     n = w.shape[0]
     if not can_interleave(qtype, n):
         raise ValueError(f"{FORMATS[qtype].name} with {n} rows cannot be interleaved by {ROWS}")
-    p = kquant_parts(qtype, np.ascontiguousarray(w))
-    t_, nb = n // ROWS, p.u.shape[1]
+    nb = w.shape[1] // FORMATS[qtype].type_size
+    out = huge_empty((n // ROWS, nb * RECORD[qtype]))
+    for t0 in range(0, n // ROWS, CHUNK_TILES):
+        t1 = min(n // ROWS, t0 + CHUNK_TILES)
+        out[t0:t1] = _records(qtype, np.ascontiguousarray(w[ROWS * t0:ROWS * t1]))
+    return out
+
+
+def _records(qtype: int, w: np.ndarray) -> np.ndarray:
+    """The records of the tiles of w (16T rows) -> uint8 (T, nb · RECORD)."""
+    from .reference import kquant_parts                # the parts as ggml's dequantize reads them
+    p = kquant_parts(qtype, w)
+    t_, nb = w.shape[0] // ROWS, p.u.shape[1]
 
     def by_tile(a, dt):                                 # (N, nb, ·) -> (T, nb, ·, 16) bytes
         a = a.reshape(t_, ROWS, nb, -1).transpose(0, 2, 3, 1)
@@ -129,11 +137,7 @@ def interleave(qtype: int, w: np.ndarray) -> np.ndarray:
         if qtype == Q5_K:
             parts.append(_high(u, qtype).reshape(t_, nb, -1))
     parts.append(_vectors(u).reshape(t_, nb, -1))
-    rec = np.concatenate(parts, axis=-1)
-    assert rec.shape[-1] == RECORD[qtype]
-    out = huge_empty((t_, nb * RECORD[qtype]))
-    out[...] = rec.reshape(t_, nb * RECORD[qtype])
-    return out
+    return np.concatenate(parts, axis=-1).reshape(t_, nb * RECORD[qtype])
 
 
 def huge_empty(shape: tuple[int, int]) -> np.ndarray:
@@ -234,10 +238,6 @@ def matmul_q8k(qtype: int, wi: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: 
             a.flags.c_contiguous for a in (xq, xd, xbs)):
         raise ValueError("activations must be as quantize_q8_k returns them")
     _check(qtype, wi, nb * QK_K, m, out)
-    tile = TILES.get(qtype)
-    if tile is not None and m >= tile[0] and cpu.tiles_x16():
-        tile[1](qtype, wi, xq, xd, xbs, out)
-        return
     MATMUL_Q8K[qtype](frozen(wi), xq, xd, xbs, out, max(1, min(get_num_threads(), wi.shape[0])))
 
 
@@ -263,9 +263,9 @@ def _front(qtype: int):
 
     def gr(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
         get_rows(qtype, w, ids, out)
-    mm.__name__ = gr.__name__ = f"{FORMATS[qtype].name.lower()}_x16"
+    mm.__name__ = gr.__name__ = f"{FORMATS[qtype].key}_x16"
     return mm, gr
 
 
-MATMUL = {INTERLEAVED[qt]: _front(qt)[0] for qt in INTERLEAVABLE}     # id -> fn(w, x, out)
-GET_ROWS = {INTERLEAVED[qt]: _front(qt)[1] for qt in INTERLEAVABLE}   # id -> fn(w, ids, out)
+MATMUL = {qt: _front(qt)[0] for qt in INTERLEAVABLE}     # qtype -> fn(wi, x, out)
+GET_ROWS = {qt: _front(qt)[1] for qt in INTERLEAVABLE}   # qtype -> fn(wi, ids, out)

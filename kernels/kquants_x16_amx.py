@@ -44,7 +44,7 @@ from numba.extending import intrinsic
 from . import amx
 from .formats import Q4_K, Q5_K, Q6_K, QK_K
 from .ir import F32, I8, I16, I32, I64, V16F32, V16I32, fma_v16f32, load_bytes, shuffle, splat, vector_type
-from .kquants_x16 import RECORD, ROWS, TILES
+from .kquants_x16 import RECORD, ROWS
 
 MIN_M = 16                      # the recommended smallest pass for the tiles (docs/architecture.md)
 M_TILE = 16                     # activation rows per A tile
@@ -316,5 +316,3 @@ def run(driver, wi: np.ndarray, xq: np.ndarray, xd: np.ndarray, xbs: np.ndarray,
     n_chunks = max(1, min(get_num_threads(), wi.shape[0]))
     driver(CONFIG, wi, xa, dxp, xbp, m_rows, mblk, out, n_chunks)
 
-
-TILES.update({qt: (MIN_M, matmul) for qt in RECORD})     # kquants_x16's passes of MIN_M rows or more

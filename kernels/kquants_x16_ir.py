@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import drivers
 from .formats import FORMATS, Q4_K, Q5_K, Q6_K, QK_K
 from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_bytes, dpbusd_chain, fma_v16f32,
                  have_avx2, have_f16c, have_vnni512, join, load_bytes, prefetch, shuffle,
@@ -54,7 +55,8 @@ MAX_STATIC_M = 17      # one register-resident path per M up to this (draft-n 16
 PASS_M = 8             # M > MAX_STATIC_M: activation rows per pass ...
 PASS_TILES = 4         # ... over this many tiles (Q4_K at K = 8960: 330 KB, in L2)
 PREFETCH_RECORDS = 2   # records ahead the tile prefetches, every cache line (0: none) ...
-PREFETCH_SPREAD = True  # ... a few lines before each unit (not all 37-53 at once: the fill buffers)
+PREFETCH_SPREAD = True  # ... a few lines before each unit (not all 37-53 at once: the fill buffers) ...
+PREFETCH_LOCALITY = 1   # ... into L2 (prefetcht2; into L1, the output head streamed 1.5x slower)
 SIXTEEN_HIGH = True     # VNNI, Q4_K: the high nibbles as 16·u (no shift; module docstring)
 Q6_LOOKUP = True        # VNNI, Q6_K: chunks 0, 1's high bits by vpshufb (port 5), not shifts (port 0)
 
@@ -229,7 +231,7 @@ def _emit_record(builder, rec: _Record, vnni: bool, x: _Q8K, b, ms: list, accs: 
     n_units = 16 if qt == Q6_K else 8
     for i, (g, sc, words) in enumerate(rec.units()):
         for at in ahead[len(ahead) * i // n_units:len(ahead) * (i + 1) // n_units]:
-            prefetch(builder, builder.gep(rec.p, [I64(at)], source_etype=I8))
+            prefetch(builder, builder.gep(rec.p, [I64(at)], source_etype=I8), PREFETCH_LOCALITY)
         for j in range(len(ms)):
             xs = [bcast(bases[j], 4 * (16 * (w % 4) + w // 4), V64I8) for _, w in words]
             start = bcast(bs[j], 4 * g, V16I32) if qt == Q6_K else None
@@ -277,7 +279,7 @@ def _emit_chunk(builder, qtype, vnni, f16c, wp, x: _Q8K, out, N, c, n_chunks):
                     ahead = []
                 elif not PREFETCH_SPREAD:
                     for at in ahead:
-                        prefetch(builder, builder.gep(p, [I64(at)], source_etype=I8))
+                        prefetch(builder, builder.gep(p, [I64(at)], source_etype=I8), PREFETCH_LOCALITY)
                     ahead = []
                 _emit_record(builder, _Record(builder, p, qtype, f16c, vnni), vnni, x, blk.index, m_rows, accs, ahead)
             for m, a in zip(m_rows, accs):
@@ -320,12 +322,9 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
     return intrinsic(kernel)
 
 
-_chunk_q4_k, _chunk_q5_k, _chunk_q6_k = (make_chunk_kernel(qt) for qt in (Q4_K, Q5_K, Q6_K))
-
-
 # ------------------------------------------------------------------------------ drivers
-# matmul_<fmt>(w, xq, xd, xbs, out, n_chunks): prange over n_chunks contiguous chunks of
-# tiles; in this file so that an edit of the IR above invalidates their cache.
+# MATMUL_Q8K[qtype](w, xq, xd, xbs, out, n_chunks): prange over n_chunks contiguous chunks of
+# tiles (drivers.chunked: this file's code); the per-16 bsums rearranged once per call first.
 
 @njit(cache=True, nogil=True)
 def _bsum_pairs(xbs):
@@ -344,25 +343,6 @@ def _bsum_offsets(xbs):
     return xbs.astype(np.int32) * np.int32(-32)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_q4_k(w, xq, xd, xbs, out, n_chunks):
-    xb = _bsum_pairs(xbs)
-    for c in prange(n_chunks):
-        _chunk_q4_k(w, xq, xd, xb, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_q5_k(w, xq, xd, xbs, out, n_chunks):
-    xb = _bsum_pairs(xbs)
-    for c in prange(n_chunks):
-        _chunk_q5_k(w, xq, xd, xb, out, c, n_chunks)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def matmul_q6_k(w, xq, xd, xbs, out, n_chunks):
-    xb = _bsum_offsets(xbs)
-    for c in prange(n_chunks):
-        _chunk_q6_k(w, xq, xd, xb, out, c, n_chunks)
-
-
-MATMUL_Q8K = {Q4_K: matmul_q4_k, Q5_K: matmul_q5_k, Q6_K: matmul_q6_k}
+_SETUP = {Q4_K: "xbs = _bsum_pairs(xbs)", Q5_K: "xbs = _bsum_pairs(xbs)", Q6_K: "xbs = _bsum_offsets(xbs)"}
+MATMUL_Q8K = {qt: drivers.chunked(globals(), f"matmul_{FORMATS[qt].key}", make_chunk_kernel(qt),
+                                  "w, xq, xd, xbs, out", setup) for qt, setup in _SETUP.items()}

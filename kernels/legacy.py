@@ -30,7 +30,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import cpu, legacy_amx
 from .checks import check_activations, frozen
 from .dequant_ir import GET_ROWS_DEQUANT
 from .formats import F16, F32, FLOATS, FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
@@ -218,22 +217,18 @@ def _bits_view(kind: int, w: np.ndarray, k: int) -> np.ndarray:
     return bits
 
 
-def _vnni_matmul(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    _matmul_quant(qtype, w, x, out)
+def check(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, rows: int = 1) -> None:
+    """ValueError (one line) unless w (N, row_bytes) of a legacy quant (in records of `rows`
+    rows, N a multiple) fits x (M, K) and out (M, N)."""
+    check_activations(x, out, w.shape[0])
+    if w.shape[1] != x.shape[1] // QK8 * FORMATS[qtype].type_size or x.shape[1] % QK8 or w.shape[0] % rows:
+        raise ValueError(f"{FORMATS[qtype].name} weight {w.shape} does not match x {x.shape}")
 
 
 def _quant_matmul(qtype: int):
-    block_bytes = FORMATS[qtype].type_size
-    amx_min_m = legacy_amx.MIN_M.get(qtype)
-
     def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-        check_activations(x, out, w.shape[0])
-        if w.shape[1] != x.shape[1] // QK8 * block_bytes or x.shape[1] % QK8:
-            raise ValueError(f"{FORMATS[qtype].name} weight {w.shape} does not match x {x.shape}")
-        if amx_min_m is not None and x.shape[0] >= amx_min_m and cpu.tiles():
-            legacy_amx.matmul(qtype, frozen(w), x, out, _vnni_matmul)   # the same bits (legacy_amx)
-        else:
-            _matmul_quant(qtype, frozen(w), x, out)
+        check(qtype, w, x, out)
+        _matmul_quant(qtype, frozen(w), x, out)
     return matmul
 
 

@@ -25,16 +25,8 @@ masked byte add per column; the integer dot products and the float updates are t
 legacy_ir.emit_tile, in the same order, so results are the same bits as the GGUF layout's.
 Repacked types are numbered ``REPACKED[qtype] = 0x100 | qtype`` (never a ggml type).
 
-This module is also the front door for the K-quants' in-block repacking (kquants_repack.py):
-``can_repack`` / ``repack`` / ``REPACKED`` / ``MATMUL`` cover both, ``GET_ROWS`` reads rows
-of a repacked embedding table (``unpack_rows``: their GGUF bytes back, then the format's own
-row lookup, so a tied table is repacked with its head), and ``RECORD_ROWS`` says how many
-rows a record spans (8 here, 1 for the K-quants: a head is cut at a whole record).
-
-K-quant tensors of 16k rows get the 16-row interleaved records of kquants_x16.py instead
-(``INTERLEAVED[qtype] = 0x200 | qtype``): a new array of another shape, (N/16, nb · RECORD),
-so ``layout_for`` says which layout a tensor gets, ``prepare`` makes it, ``n_rows`` counts
-the weight rows an array holds and ``cut_rows`` cuts a head at a whole tile.
+The tiles (legacy_amx) read the same records; kernels/registry.py binds both to the
+``REPACKED`` ids.
 """
 from __future__ import annotations
 
@@ -42,65 +34,21 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from . import cpu, kquants, kquants_repack, kquants_x16, legacy, legacy_amx
-from .checks import check_activations, frozen
+from . import legacy
+from .checks import frozen
 from .formats import FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .ir import I64, have_vnni256, join, prefetch
 from .legacy_ir import Decoded, emit_tile
 from .q8_act import QK8, q8_rows
 from .records import REC, decode_record
 
-REPACKED = {**{qt: 0x100 | qt for qt in LEGACY}, **kquants_repack.REPACKED}
-INTERLEAVED = kquants_x16.INTERLEAVED
-RECORD_ROWS = {**{0x100 | qt: 8 for qt in LEGACY}, **{r: 1 for r in kquants_repack.REPACKED.values()},
-               **{r: kquants_x16.ROWS for r in INTERLEAVED.values()}}
-ARRAY_ROWS = {r: kquants_x16.ROWS for r in INTERLEAVED.values()}   # weight rows per array row (else 1)
+REPACKED = {qt: 0x100 | qt for qt in LEGACY}
 M_CHUNK = 32                     # activation rows per pass over a record (as legacy.M_CHUNK)
 
 
-def can_repack(qtype: int, n_rows: int) -> bool:
-    return kquants_repack.repackable(qtype) or (qtype in LEGACY and n_rows % 8 == 0)
-
-
-def layout_for(qtype: int, n_rows: int) -> int | None:
-    """The type id a tensor of n_rows rows gets at load in process memory: the interleaved
-    records (K-quants, 16k rows), else the repacked one (can_repack), else None."""
-    if kquants_x16.can_interleave(qtype, n_rows):
-        return INTERLEAVED[qtype]
-    return REPACKED[qtype] if can_repack(qtype, n_rows) else None
-
-
-def prepare(w: np.ndarray, qtype: int, in_place: bool = False) -> tuple[np.ndarray, int]:
-    """(w in the layout_for layout, its type id): interleaved records are always a new array
-    (another shape); the repacked layouts as ``repack``."""
-    new = layout_for(qtype, w.shape[0])
-    if new is None:
-        raise ValueError(f"{FORMATS[qtype].name} with {w.shape[0]} rows has no repacked layout")
-    if new == INTERLEAVED.get(qtype):
-        return kquants_x16.interleave(qtype, w), new
-    return repack(w, qtype, in_place), new
-
-
-def n_rows(w: np.ndarray, qtype: int) -> int:
-    """The weight rows (N) the array w of type id qtype holds."""
-    return w.shape[0] * ARRAY_ROWS.get(qtype, 1)
-
-
-def cut_rows(w: np.ndarray, qtype: int, n: int) -> tuple[np.ndarray, int]:
-    """The first n' >= n weight rows of w (n' a whole number of records, at most all of
-    them) as a zero-copy view, and n'."""
-    rec, per = RECORD_ROWS.get(qtype, 1), ARRAY_ROWS.get(qtype, 1)
-    keep = min(-(-n // rec) * rec, n_rows(w, qtype))
-    return w[:-(-keep // per)], keep
-
-
-def repack(w: np.ndarray, qtype: int, in_place: bool = False) -> np.ndarray:
+def repack(w: np.ndarray, qtype: int) -> np.ndarray:
     """GGUF rows (N, nb * block) uint8 -> a new array of the same shape holding the records
-    (module docstring): stream t (records (t, 0 .. nb-1)) in rows 8t .. 8t+7; a K-quant's
-    blocks in the lane order of kquants_repack.py (in_place: into w itself, K-quants only;
-    the records of the others are always a new array)."""
-    if kquants_repack.repackable(qtype):
-        return kquants_repack.repack(w, qtype, in_place)
+    (module docstring): stream t (records (t, 0 .. nb-1)) in rows 8t .. 8t+7."""
     fmt = FORMATS[qtype]
     bb, qh_at, qs_at, mins = fmt.type_size, fmt.qh_offset, fmt.qs_offset, fmt.has_min
     if w.dtype != np.uint8 or w.ndim != 2 or w.shape[0] % 8 or w.shape[1] % bb:
@@ -178,8 +126,6 @@ def _unpack_rows(w, out, rows, nb, bb, qh_at, qs_at, mins, q8):
 
 def unpack_rows(w: np.ndarray, qtype: int, rows: np.ndarray) -> np.ndarray:
     """Rows ``rows`` (int64) of a repacked tensor w -> their GGUF bytes (len(rows), row_bytes)."""
-    if kquants_repack.repackable(qtype):
-        return kquants_repack.unpack(w[rows], qtype)
     fmt = FORMATS[qtype]
     out = np.empty((len(rows), w.shape[1]), np.uint8)
     _unpack_rows(np.ascontiguousarray(w).reshape(-1), out, np.asarray(rows, np.int64),
@@ -198,7 +144,7 @@ def _get_rows_fn(qtype: int):
             raise IndexError(f"row id out of range [0, {w.shape[0]})")
         uniq, where = np.unique(ids, return_inverse=True)
         tmp = np.empty((len(uniq), out.shape[1]), np.float32)
-        GET_ROWS_GGUF[qtype](unpack_rows(w, qtype, uniq), np.arange(len(uniq), dtype=np.int64), tmp)
+        legacy.GET_ROWS[qtype](unpack_rows(w, qtype, uniq), np.arange(len(uniq), dtype=np.int64), tmp)
         out[...] = tmp[where]
     get_rows.__name__ = f"get_rows_{FORMATS[qtype].name.lower()}_repacked"
     return get_rows
@@ -327,26 +273,11 @@ def _matmul_quant(qtype, w, x, out):
 
 
 def _make(qtype: int):
-    block_bytes = FORMATS[qtype].type_size
-
     def matmul(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-        check_activations(x, out, w.shape[0])
-        if w.shape[1] != x.shape[1] // QK8 * block_bytes or x.shape[1] % QK8 or w.shape[0] % 8:
-            raise ValueError(f"repacked {FORMATS[qtype].name} weight {w.shape} does not match x {x.shape}")
-        amx_min_m = legacy_amx.MIN_M.get(qtype)
-        if amx_min_m is not None and x.shape[0] >= amx_min_m and cpu.tiles():
-            legacy_amx.matmul(qtype, frozen(w), x, out, _vnni_records, repacked=True)   # the same bits
-        else:
-            _matmul_quant(qtype, frozen(w), x, out)
+        legacy.check(qtype, w, x, out, rows=8)
+        _matmul_quant(qtype, frozen(w), x, out)
     return matmul
 
 
-def _vnni_records(qtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    _matmul_quant(qtype, w, x, out)
-
-
-MATMUL = {**{REPACKED[qt]: _make(qt) for qt in LEGACY},   # repacked type id -> fn(w, x, out)
-          **kquants_repack.MATMUL, **kquants_x16.MATMUL}
-GET_ROWS_GGUF = {**legacy.GET_ROWS, **kquants.GET_ROWS}
-GET_ROWS = {**{REPACKED[qt]: _get_rows_fn(qt) for qt in REPACKED},   # repacked id -> fn(w, ids, out)
-            **kquants_x16.GET_ROWS}
+MATMUL = {qt: _make(qt) for qt in LEGACY}               # qtype -> fn(w, x, out) on its records
+GET_ROWS = {qt: _get_rows_fn(qt) for qt in LEGACY}      # qtype -> fn(w, ids, out) on its records

@@ -315,7 +315,7 @@ class GGUFFile:
 
     def rewrite(self, name: str, fn) -> np.ndarray:
         """In-memory copy only: replace tensor ``name``'s bytes by ``fn(view)`` (an array of
-        the same shape and dtype, e.g. kernels.repack.repack; or the writable view itself,
+        the same shape and dtype, e.g. kernels.registry.prepare's; or the writable view itself,
         rewritten in place by fn) and return the view, read-only again.  The file on disk
         is never written; a mapped file cannot be rewritten."""
         if not self.in_memory:

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..kernels import get_rows, repack
+from ..kernels import get_rows
 from ..kernels.attention import attention
 from ..kernels.attention_tree import attention_tree, tree_mask
 from ..kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_sin, swiglu
@@ -261,10 +261,10 @@ class ModelSession(Session):
         if not 1 <= self.n_logits <= cfg.n_vocab:
             raise ConfigError(f"--draft-vocab must be in 1..{cfg.n_vocab}, got {n_logits}")
         out = weights.output
-        # a head in 8- or 16-row records (kernels/repack.py) is cut at a whole record: its first
-        # n_rows >= n_logits rows are computed and the logits trimmed (row-independent: the
-        # kept logits are the same bits)
-        cut, n_rows = repack.cut_rows(out.w, out.qtype, self.n_logits)
+        # a head in 8- or 16-row records (kernels/registry.py) is cut at a whole record: its
+        # first n_rows >= n_logits rows are computed and the logits trimmed (row-independent:
+        # the kept logits are the same bits)
+        cut, n_rows = out.kernel.cut_rows(out.w, self.n_logits)
         self._head = None if self.n_logits == cfg.n_vocab else replace(
             out, w=cut, n_out=n_rows,
             bias=None if out.bias is None else out.bias[:n_rows])

@@ -1,7 +1,7 @@
 """Prepared weights on disk: what load-time preparation makes of a GGUF file, kept for the next load.
 
-Loading a model into memory rewrites most of its layer weights (K-quant blocks into the
-kernels' lane order, legacy quants into 8-row records: kernels/repack.py) and may requantize
+Loading a model into memory lays most of its layer weights out for the kernels (K-quants
+interleaved 16 rows per record, legacy quants in 8-row records: kernels/registry.py) and may requantize
 some (engine/requant.py).  The result depends only on the file's bytes, the preparation's
 parameters and the kernels' byte layouts, so the first load writes it next to the model cache
 and later loads read it back instead of preparing again:
@@ -37,7 +37,7 @@ import numpy as np
 
 from .gguf_file import read_into_memory
 
-LAYOUT_VERSION = 2        # kernels/repack.py, kquants_repack.py, kquants_x16.py, engine/requant.py byte layouts
+LAYOUT_VERSION = 3        # kernels/repack.py, kquants_x16.py, engine/requant.py byte layouts
 ENV = "SPECDEC_PREPARED"  # "0" / "off" / "false": neither read nor written
 CHUNK = 64 << 20          # bytes per CRC-32
 ALIGN = 64

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from ..kernels import GET_ROWS, SUPPORTED_TYPES, matmul, repack
+from ..kernels import registry
+from ..kernels.registry import KERNELS, SUPPORTED_TYPES, Kernel
 from .config import ModelConfig
 from ..errors import ConfigError, GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
@@ -22,10 +23,10 @@ from .requant import Requant, convert, narrows
 
 @dataclass(frozen=True)
 class Linear:
-    """y = x · Wᵀ (+ b).   w: raw rows (N, ·) of the file, or with the file in memory the same
-    bytes repacked by kernels.repack (legacy: 8-row records; K-quants: the lane order of
-    kquants_repack; qtype then a repack.REPACKED id), or K-quants of 16k rows as a new array
-    (N/16, ·) of interleaved records (kquants_x16; a repack.INTERLEAVED id); n_in = K, n_out = N."""
+    """y = x · Wᵀ (+ b).   w: raw rows (N, ·) of the file, or with the file in memory a layout
+    of kernels/registry.py (legacy quants: 8-row records, the same bytes; K-quants of 16k rows:
+    a new array (N/16, ·) of interleaved records); qtype: w's type id; n_in = K, n_out = N.
+    kernel: w's matmul and row lookup, bound when the weight is made (registry.KERNELS)."""
     name: str
     w: np.ndarray
     qtype: int
@@ -33,9 +34,14 @@ class Linear:
     n_out: int
     bias: np.ndarray | None = None     # (N,) float32
     float_act: bool = False            # keep activations in float32 (kernels/float_act.py)
+    kernel: Kernel | None = None       # KERNELS[qtype] unless given
+
+    def __post_init__(self):
+        if self.kernel is None:
+            object.__setattr__(self, "kernel", KERNELS[self.qtype])
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        y = matmul(self.w, self.qtype, x, float_act=self.float_act)   # (M, K) -> (M, N)
+        y = self.kernel.matmul(self.w, x, float_act=self.float_act)   # (M, K) -> (M, N)
         if self.bias is not None:
             y += self.bias
         return y
@@ -62,7 +68,7 @@ class Layer:
 
 @dataclass(frozen=True)
 class Weights:
-    tok_embd: np.ndarray             # raw rows (V, ·), or as a Linear's w (repack.n_rows rows)
+    tok_embd: np.ndarray             # raw rows (V, ·), or as a Linear's w (in a registry layout)
     tok_embd_type: int
     layers: tuple[Layer, ...]
     out_norm: np.ndarray             # (D,)
@@ -163,25 +169,24 @@ class Weights:
 
 def _prepare(gf: GGUFFile, name: str, stored: int, n_in: int, n_out: int, requant: Requant | None,
              exact: bool, table: bool, head: bool):
-    """(w, qtype) of a matmul weight as the kernels read it: requantized into a new array,
-    repacked in place in an in-memory file, or the stored view as it is."""
+    """(w, type id) of a matmul weight as the kernels read it: requantized into a new array,
+    in its registry layout where the file is in memory, or the stored view as it is."""
     w, qtype = gf.tensor(name), stored
     dst = None if requant is None or (table and not head) else requant.target_for(name)
     if narrows(qtype, dst) and n_in % 32 == 0:     # (Q4_0 / Q5_0 / Q8_0 blocks of 32)
-        # a new array in process memory: repacked below like an in-memory file's
+        # a new array in process memory: laid out below like an in-memory file's
         w, qtype = convert(w, qtype, dst, n_in), dst
-        if not exact and repack.layout_for(qtype, n_out) is not None:
-            w, qtype = repack.prepare(w, qtype)
-    elif (gf.in_memory and not exact and (new := repack.layout_for(qtype, n_out)) is not None
-          and (not table or (new in GET_ROWS and not narrows(qtype, requant and requant.head)))):
+        if not exact and registry.layout_for(qtype, n_out) is not None:
+            w, qtype = registry.prepare(w, qtype)
+    elif (gf.in_memory and not exact and (new := registry.layout_for(qtype, n_out)) is not None
+          and not (table and narrows(qtype, requant and requant.head))):
         # weights in process memory: K-quants of 16k rows into new arrays of 16-row
-        # interleaved records (kquants_x16); the others rewritten in place (legacy: one
-        # stream per 8 rows; K-quants: codes in the kernels' lane order); a table too unless
-        # a requantized head is to be made from its stored bytes
-        if new == repack.INTERLEAVED.get(stored):
-            w, qtype = repack.prepare(w, stored)
+        # interleaved records; legacy quants rewritten in place into 8-row records; a table
+        # too unless a requantized head is to be made from its stored bytes
+        if KERNELS[new].in_place:
+            w, qtype = gf.rewrite(name, lambda v: registry.prepare(v, stored)[0]), new
         else:
-            w, qtype = gf.rewrite(name, lambda v: repack.repack(v, stored, in_place=True)), new
+            w, qtype = registry.prepare(w, stored)
     return w, qtype
 
 

@@ -118,20 +118,20 @@ def test_config_from_metadata(tiny_model):
 @pytest.mark.parametrize("spec", [SPECS[1], SPECS[2], SPECS[3], SPECS[4]], ids=lambda s: T(s.qtype).name)
 def test_no_mmap_reads_one_copy_with_the_same_logits(tiny_model, spec):
     """mmap=False (--no-mmap): the file is read once into memory, read-only, the layer
-    weights are rewritten in place (legacy quants: kernels.repack's 8-row records) or, K-quants
+    weights are rewritten in place (legacy quants: kernels/repack.py's 8-row records) or, K-quants
     of 16k rows, made into new arrays of 16-row interleaved records (kquants_x16), the
-    embedding table too (its rows read back through repack.GET_ROWS, a tied head included),
+    embedding table too (its rows read back through its registry kernel, a tied head included),
     and the logits are bitwise those of the mapped file."""
     import specdec
-    from specdec.kernels import repack
+    from specdec.kernels import registry
     m = specdec.load(tiny_model(spec).path, n_ctx=tiny_model(spec).n_ctx, mmap=True)
     c = specdec.load(m.path, n_ctx=m.n_ctx, mmap=False)
     wq = c.weights.layers[0].wq
     assert c.gguf.in_memory and not m.gguf.in_memory
     assert c.gguf._mm.size == c.gguf.file_size and not c.gguf._mm.flags.writeable
-    new = repack.layout_for(spec.qtype, wq.n_out)
-    assert wq.qtype == new and c.weights.tok_embd_type == repack.layout_for(spec.qtype, m.config.n_vocab)
-    if new == repack.INTERLEAVED.get(spec.qtype):
+    new = registry.layout_for(spec.qtype, wq.n_out)
+    assert wq.qtype == new and c.weights.tok_embd_type == registry.layout_for(spec.qtype, m.config.n_vocab)
+    if new == registry.INTERLEAVED.get(spec.qtype):
         assert wq.w.shape[0] * 16 == m.weights.layers[0].wq.w.shape[0] and not np.shares_memory(wq.w, c.gguf._mm)
     else:
         assert np.shares_memory(wq.w, c.gguf._mm) and not wq.w.flags.writeable

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import specdec
 from specdec.engine.requant import Requant, bits_per_weight, narrows, parse_type
 from specdec.errors import ConfigError
-from specdec.kernels import get_rows, repack
+from specdec.kernels import get_rows, registry
 from specdec.kernels import quantize as kq
 from specdec.kernels.formats import Q4_0, Q4_K, Q5_0, Q6_K, Q8_0
 from synth import TinySpec, write_tiny_model
@@ -110,8 +110,8 @@ def test_load_requantized_tiny_model(tmp_path, tied):
     for mmap in (True, False):
         m = specdec.load(path, requant="q4_0", requant_head="q4_0", mmap=mmap)
         w = m.weights
-        assert w.layers[0].wq.qtype == w.layers[1].w_down.qtype == repack.REPACKED[Q4_0]
-        assert w.output.qtype == repack.REPACKED[Q4_0]
+        assert w.layers[0].wq.qtype == w.layers[1].w_down.qtype == registry.REPACKED[Q4_0]
+        assert w.output.qtype == registry.REPACKED[Q4_0]
         assert w.tok_embd_type == Q8_0                                       # the lookup table stays
         if tied:
             assert w.output.w is not w.tok_embd
@@ -124,8 +124,8 @@ def test_load_requantized_tiny_model(tmp_path, tied):
         else:
             np.testing.assert_array_equal(got, first)                        # repacking is bit-exact
     layers_only = specdec.load(path, requant="q5_0")
-    assert layers_only.weights.layers[0].w_up.qtype == repack.REPACKED[Q5_0]
-    assert layers_only.weights.output.qtype in (Q8_0, repack.REPACKED[Q8_0])
+    assert layers_only.weights.layers[0].w_up.qtype == registry.REPACKED[Q5_0]
+    assert layers_only.weights.output.qtype in (Q8_0, registry.REPACKED[Q8_0])
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +196,7 @@ def test_trimmed_head_of_records_is_the_first_logits(pair, n_logits):
     """A head in 8-row records (a requantized head, or any --no-mmap legacy head) cut at any
     --draft-vocab: the logits are the first n_logits of the full ones, bit for bit."""
     _, draft = pair
-    assert draft.weights.output.qtype == repack.REPACKED[Q4_0]
+    assert draft.weights.output.qtype == registry.REPACKED[Q4_0]
     full = draft.session(8).eval([1, 2, 3])                                  # (3, 64)
     s = draft.session(8, n_logits=n_logits)
     got = s.eval([1, 2, 3])

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.kernels import amx, cpu, legacy, legacy_amx, repack
+from specdec.kernels import amx, cpu, legacy, legacy_amx, registry, repack
 from helpers import assert_rows_independent, make_weights
 
 T = gguf.GGMLQuantizationType
@@ -53,21 +53,22 @@ def test_amx_on_repacked_records_is_bitwise_the_gguf_layout(qt, streams, nb, m, 
     x = rng.standard_normal((m, 32 * nb)).astype(np.float32)
     ref, got = np.empty((m, w.shape[0]), np.float32), np.full((m, w.shape[0]), np.nan, np.float32)
     _vnni(qt, w, x, ref)
-    legacy_amx.matmul(int(qt), repack.repack(w, int(qt)), x, got, repack._vnni_records, repacked=True)
+    legacy_amx.matmul(int(qt), repack.repack(w, int(qt)), x, got, lambda q, *a: repack.MATMUL[q](*a), repacked=True)
     assert np.array_equal(_bits(ref), _bits(got))
 
 
 @needs_amx
 @pytest.mark.parametrize("qt", [qt for qt in QUANTS if int(qt) in legacy_amx.MIN_M])
-def test_passes_that_take_the_tiles_keep_rows_independent(qt, monkeypatch):
-    """With the tiles on, the public matmul sends M >= MIN_M through them, in either layout:
-    each row equals the row alone (M = 1, the VNNI tile), whatever the other rows hold."""
-    monkeypatch.setattr(cpu, "tiles", lambda: True)
+def test_passes_that_take_the_tiles_keep_rows_independent(qt):
+    """With the tiles on (registry.with_tiles), a kernel sends M >= MIN_M through them, in
+    either layout: each row equals the row alone (M = 1, the VNNI tile), whatever the other
+    rows hold."""
     rng = np.random.default_rng(int(qt))
     w = make_weights(qt, 48, 256, rng, raw=False)
     x = rng.standard_normal((legacy_amx.MIN_M[int(qt)] + 5, 256)).astype(np.float32)
-    assert_rows_independent(legacy.MATMUL[int(qt)], w, x, rng)
-    assert_rows_independent(repack.MATMUL[repack.REPACKED[int(qt)]], repack.repack(w, int(qt)), x, rng)
+    for tid, wt in ((int(qt), w), (registry.REPACKED[int(qt)], repack.repack(w, int(qt)))):
+        kernel = registry.with_tiles(tid)
+        assert_rows_independent(lambda a, b, c: kernel.matmul(a, b, c), wt, x, rng)
 
 
 @needs_amx

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from fakes import one_thread
 from helpers import random_weights
-from specdec.kernels import cpu, kquants, matmul, reference, repack
+from specdec.kernels import cpu, kquants, matmul, reference, registry
 from specdec.kernels import kquants_x16 as x16
 from specdec.kernels.formats import FORMATS, Q4_K, Q5_K, Q6_K
 from specdec.kernels.reference import kquant_parts
@@ -68,16 +68,11 @@ def _gguf(qt, rng, tiles, nb):
 
 
 def _x16(qt, w, x, tiles: bool = True):
-    """The interleaved matmul of w's rows; tiles=False: the SIMD kernels at every M (passes of
-    16 rows or more go to the AMX tiles by default where the host has them, the TILES hook)."""
+    """The interleaved matmul of w's rows through its registry kernel (passes of 16 rows or
+    more on the AMX tiles where the host has them); tiles=False: the SIMD kernels at every M."""
     out = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
-    saved = dict(x16.TILES)
-    if not tiles:
-        x16.TILES.clear()
-    try:
-        x16.matmul(qt, x16.interleave(qt, w), np.ascontiguousarray(x, np.float32), out)
-    finally:
-        x16.TILES.update(saved)
+    k = registry.KERNELS[x16.INTERLEAVED[qt]]
+    (k.matmul if tiles else k.simd)(x16.interleave(qt, w), np.ascontiguousarray(x, np.float32), out)
     return out
 
 
@@ -134,22 +129,23 @@ def test_get_rows_is_the_gguf_lookup(qt, ids, seed):
     w = _gguf(qt, np.random.default_rng(seed), 3, 2)
     ids = np.array(ids, np.int64)
     got, want = np.empty((len(ids), 512), np.float32), np.empty((len(ids), 512), np.float32)
-    repack.GET_ROWS[x16.INTERLEAVED[qt]](x16.interleave(qt, w), ids, got)
+    x16.GET_ROWS[qt](x16.interleave(qt, w), ids, got)
     kquants.GET_ROWS[qt](w, ids, want)
     assert _same(got, want)
     with pytest.raises(IndexError):
-        repack.GET_ROWS[x16.INTERLEAVED[qt]](x16.interleave(qt, w), np.array([48]), got[:1])
+        x16.GET_ROWS[qt](x16.interleave(qt, w), np.array([48]), got[:1])
 
 
 def test_front_door_gives_16k_rows_the_interleaved_layout():
     rng = np.random.default_rng(1)
     w = _gguf(Q4_K, rng, 2, 1)
-    wi, qtype = repack.prepare(w, Q4_K)
-    assert qtype == repack.layout_for(Q4_K, 32) == 0x200 | Q4_K and wi.shape == (2, x16.RECORD[Q4_K])
-    assert repack.n_rows(wi, qtype) == 32 and repack.layout_for(Q4_K, 40) == repack.REPACKED[Q4_K]
-    cut, n = repack.cut_rows(wi, qtype, 17)
+    wi, qtype = registry.prepare(w, Q4_K)
+    kernel = registry.KERNELS[qtype]
+    assert qtype == registry.layout_for(Q4_K, 32) == 0x200 | Q4_K and wi.shape == (2, x16.RECORD[Q4_K])
+    assert kernel.n_rows(wi) == 32 and registry.layout_for(Q4_K, 40) is None
+    cut, n = kernel.cut_rows(wi, 17)
     assert n == 32 and cut.shape[0] == 2
-    cut, n = repack.cut_rows(wi, qtype, 5)
+    cut, n = kernel.cut_rows(wi, 5)
     assert n == 16 and cut.shape[0] == 1
     x = rng.standard_normal((3, 256)).astype(np.float32)
     assert _same(matmul(wi, qtype, x), reference.kquant_dot(Q4_K, w, x))

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.kernels import amx, cpu, kquants_x16, kquants_x16_amx, reference
+from specdec.kernels import amx, cpu, kquants_x16, kquants_x16_amx, reference, registry
 from specdec.kernels.formats import Q6_K
 from specdec.kernels.q8k import quantize_q8_k
 from helpers import random_weights
@@ -84,22 +84,21 @@ def test_rows_are_independent(qt):
 
 @needs_amx
 @pytest.mark.parametrize("qt", kquants_x16.INTERLEAVABLE)
-def test_the_front_door_takes_the_tiles_from_min_m(qt, monkeypatch):
-    """kquants_x16.matmul_q8k runs passes of MIN_M rows or more on the tiles by default where
-    the host has AMX (cpu.tiles_x16), fewer on the SIMD kernels, and both are the contract."""
+def test_the_registry_takes_the_tiles_from_min_m(qt, monkeypatch):
+    """The interleaved layout's kernel runs passes of MIN_M rows or more on the tiles by default
+    where the host has AMX (cpu.tiles_x16), fewer on the SIMD kernels, and both are the contract."""
     if not cpu.tiles_x16():
         pytest.skip(f"{cpu.KERNELS_ENV} forces a path without the tiles")
-    assert kquants_x16.TILES[qt][0] == kquants_x16_amx.MIN_M
+    kernel = registry.KERNELS[kquants_x16.INTERLEAVED[qt]]
+    assert kernel.min_m == kquants_x16_amx.MIN_M and kernel.tiles is not None
     calls = []
-    tile = kquants_x16.TILES[qt]
-    monkeypatch.setitem(kquants_x16.TILES, qt, (tile[0], lambda *a: calls.append(a[5].shape[0]) or tile[1](*a)))
+    tiles = kquants_x16_amx.matmul
+    monkeypatch.setattr(kquants_x16_amx, "matmul", lambda *a: calls.append(a[4].shape[1]) or tiles(*a))
     rng = np.random.default_rng(11 + int(qt))
     w = random_weights(rng, qt, 32, 2)
     wi = kquants_x16.interleave(qt, w)
     for m in (1, kquants_x16_amx.MIN_M - 1, kquants_x16_amx.MIN_M, 41):
         x = rng.standard_normal((m, 512)).astype(np.float32)
-        xq, xd, xbs = quantize_q8_k(x)
-        out = np.full((m, 32), np.nan, np.float32)
-        kquants_x16.matmul_q8k(qt, wi, xq, xd, xbs, out)
+        out = kernel.matmul(wi, x)
         assert np.array_equal(out.view(np.uint32), reference.kquant_dot(qt, w, x).view(np.uint32)), m
     assert calls == [kquants_x16_amx.MIN_M, 41]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from specdec.kernels import formats, legacy, legacy_ir, reference, repack
+from specdec.kernels import registry, formats, legacy, legacy_ir, reference, repack
 from specdec.kernels.q8_act import q8_0_bytes, quantize_q8
 from helpers import FLOATS, LAYOUT, emulate_float, make_weights, real_model_path, widen
 
@@ -190,9 +190,9 @@ def test_repacked_records_give_the_same_bits(qt, seed, tiles, nb, m):
     assert r.shape == w.shape and r.dtype == np.uint8
     assert np.array_equal(_unrepack(r, qt), w)
     got = np.empty((m, n), np.float32)
-    repack.MATMUL[repack.REPACKED[int(qt)]](r, x, got)
+    repack.MATMUL[int(qt)](r, x, got)
     assert np.array_equal(got.view(np.uint32), matmul(w, qt, x).view(np.uint32))
-    assert repack.can_repack(int(qt), n) and not repack.can_repack(int(qt), n + 4)
+    assert registry.layout_for(int(qt), n) == registry.REPACKED[int(qt)] and registry.layout_for(int(qt), n + 4) is None
 
 
 def _unrepack(r: np.ndarray, qt) -> np.ndarray:

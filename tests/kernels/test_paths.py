@@ -25,7 +25,7 @@ import gguf
 import numpy as np
 import specdec
 from specdec import kernels
-from specdec.kernels import cpu, repack
+from specdec.kernels import cpu, registry
 from helpers import F16_FIELDS, make_weights, random_weights
 rng = np.random.default_rng(7)
 out = {"path": np.array(cpu.path())}
@@ -33,14 +33,14 @@ for qt in sorted(kernels.SUPPORTED_TYPES):
     if qt in (0, 1, 30):
         continue                                      # F32, F16, BF16: no integer path
     T = gguf.GGMLQuantizationType(qt)
-    w = random_weights(rng, T, 40, 2) if T in F16_FIELDS else make_weights(T, 40, 512, rng, raw=False)
+    w = random_weights(rng, T, 48, 2) if T in F16_FIELDS else make_weights(T, 48, 512, rng, raw=False)
     for m in (1, 2, 5, 9, 17, 20, 33, 64):
         x = rng.standard_normal((m, 512)).astype(np.float32)
         for fa in (False, True):
             out[f"{qt}-{m}-{int(fa)}"] = kernels.matmul(w, qt, x, float_act=fa)
-        if repack.can_repack(qt, w.shape[0]):
-            rw = repack.repack(w.copy(), qt)
-            out[f"{qt}-{m}-r"] = kernels.matmul(rw, repack.REPACKED[qt], x)
+        if registry.layout_for(qt, w.shape[0]) is not None:
+            rw, rid = registry.prepare(w.copy(), qt)
+            out[f"{qt}-{m}-r"] = kernels.matmul(rw, rid, x)
 np.savez(sys.argv[1], **out)
 """
 

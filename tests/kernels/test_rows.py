@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specdec import kernels
-from specdec.kernels import repack
+from specdec.kernels import registry
 from helpers import F16_FIELDS, make_weights, random_weights
 
 QUANTS = sorted(qt for qt in kernels.SUPPORTED_TYPES if qt not in (0, 1, 30))   # F32, F16, BF16: no rows kernel
@@ -18,10 +18,10 @@ QUANTS = sorted(qt for qt in kernels.SUPPORTED_TYPES if qt not in (0, 1, 30))   
 
 def _weights(qt: int, rng) -> list[tuple[str, np.ndarray, int]]:
     T = gguf.GGMLQuantizationType(qt)
-    w = random_weights(rng, T, 24, 2) if T in F16_FIELDS else make_weights(T, 24, 512, rng, raw=False)
+    w = random_weights(rng, T, 48, 2) if T in F16_FIELDS else make_weights(T, 48, 512, rng, raw=False)
     out = [("gguf", w, qt)]
-    if repack.can_repack(qt, w.shape[0]):
-        out.append(("repacked", repack.repack(w.copy(), qt), repack.REPACKED[qt]))
+    if registry.layout_for(qt, w.shape[0]) is not None:        # 8-row records / 16-row interleaved
+        out.append(("prepared", *registry.prepare(w.copy(), qt)))
     return out
 
 
