@@ -19,6 +19,8 @@ another file than its kernel would not be recompiled when the kernel's IR change
 driver is compiled from this template *as code of the kernel's own module*: its globals are
 the module's, its file name the module's file, and an edit of the kernel invalidates it.
 Every driver is compiled once per process at its first call (or read from the cache).
+A hand-written factory of cached functions closing over intrinsics (the AMX drivers) names
+its intrinsics with ``keyed`` instead, for the same reason.
 """
 from __future__ import annotations
 
@@ -73,3 +75,11 @@ def experts(module: dict, name: str, kernel, params: str):
 def wrapper(module: dict, name: str, kernel, params: str):
     """A serial ``name(<params>)`` that calls the kernel intrinsic ``kernel(<params>)``."""
     return _define(module, name, kernel, _WRAPPER, parallel=False, params=params)
+
+
+def keyed(intrinsic, key: str):
+    """The intrinsic with a fixed id: a cached ``@njit`` closure over it (a factory's) is keyed
+    by Numba on its pickled closure, and an intrinsic pickles its id, otherwise new in every
+    process (the cached code would never be found again: compiled anew each time)."""
+    intrinsic._set_uuid(f"specdec.kernels:{key}")
+    return intrinsic

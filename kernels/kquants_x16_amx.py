@@ -41,7 +41,7 @@ from llvmlite import ir
 from numba import get_num_threads, njit, prange, types
 from numba.extending import intrinsic
 
-from . import amx
+from . import amx, drivers
 from .formats import Q4_K, Q5_K, Q6_K, QK_K
 from .ir import F32, I8, I16, I32, I64, V16F32, V16I32, fma_v16f32, load_bytes, shuffle, splat, vector_type
 from .kquants_x16 import RECORD, ROWS
@@ -132,7 +132,7 @@ def _make_prep(qtype: int):
                        _ptr(context, builder, sig, args, 2, 3))
             return context.get_dummy_value()
         return types.void(w, w_off, bbuf, b_off), codegen
-    return prep
+    return drivers.keyed(prep, f"kquants_x16_amx.prep.{qtype}")
 
 
 def _tdp_text(pair: bool, k: int) -> str:
@@ -205,7 +205,7 @@ def _make_step(mins: bool, nxt: int, prev: int, tiles: bool = True, update: bool
                                  range(r0, r1))
             return context.get_dummy_value()
         return types.void(xa, a_off, scratch, b_off, c_next, c_prev, dxp, xbp, q0, acc, acc_off), codegen
-    return step
+    return drivers.keyed(step, f"kquants_x16_amx.step.{mins}.{nxt}.{prev}.{tiles}.{update}.{side}")
 
 
 def _make_driver(qtype: int, tiles: bool = True, update: bool = True, side: bool = True):

@@ -28,7 +28,7 @@ from llvmlite import ir
 from numba import get_num_threads, njit, prange, types
 from numba.extending import intrinsic
 
-from . import amx
+from . import amx, drivers
 from .formats import FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from numba.core import cgutils
 
@@ -86,7 +86,7 @@ def _make_decode(qtype: int, repacked: bool = False):
 
         return sig, codegen
 
-    return decode
+    return drivers.keyed(decode, f"legacy_amx.decode.{qtype}.{repacked}")
 
 
 _OFF = {Q4_0: 8, Q4_1: 0, Q5_0: 16, Q5_1: 0, Q8_0: 128}     # w = u - off (legacy_ir's decoders)
@@ -129,7 +129,7 @@ def _make_update(off: int, has_min: bool):
 
         return sig, codegen
 
-    return update
+    return drivers.keyed(update, f"legacy_amx.update.{off}.{has_min}")
 
 
 def _make_driver(qtype: int, repacked: bool = False):
