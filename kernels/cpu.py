@@ -163,10 +163,11 @@ def tiles_x16() -> bool:
 
 
 def path() -> str:
-    """The instruction path the kernels run: 'amx' (forced: tiles for passes of many rows,
+    """The instruction path the kernels run: 'amx' (AMX tiles for passes of many rows: the
+    interleaved K-quants' wherever the host has them, the legacy quants' too when forced;
     vnni below them and for everything else), 'vnni', 'avx2' or 'portable'."""
     if have_vnni512():
-        return "amx" if tiles() else "vnni"
+        return "amx" if tiles_x16() else "vnni"
     return "avx2" if have_avx2() else "portable"
 
 

@@ -9,8 +9,10 @@ output rows of chunk c of n_chunks; its driver runs every chunk in parallel, one
         for c in prange(n_chunks):
             <kernel>(<params>, c, n_chunks)
 
-``experts`` is the same loop over (expert, chunk) tasks of a mixture-of-experts layer, and
-``wrapper`` a plain (serial) function that calls a kernel intrinsic, so Python can call it.
+``experts`` is the same loop over (expert, chunk) tasks of a mixture-of-experts layer,
+``wrapper`` a plain (serial) function that calls a kernel intrinsic, so Python can call it,
+and ``loops`` a serial loop over blocks of the kernel a case number picks (a tile per format
+and layout: one function, each case's loop compiled with its own kernel inside).
 
 Why a factory writes them from source: Numba caches a compiled function per definition and
 keys the cache on the source file that defines it.  A closure over the kernel cannot be
@@ -45,6 +47,12 @@ def {name}({params}):
 """
 
 
+_LOOPS_CASE = """
+    {cond} case == {case}:
+        for i in range(n):
+            {kernel}({call})"""
+
+
 def _define(module: dict, name: str, kernel, template: str, parallel: bool = True, **fields):
     """Compile the template's function ``name`` into the module whose globals are `module`, as
     code of that module's file, calling ``kernel`` (bound there as the global ``_<name>``), and
@@ -75,6 +83,18 @@ def experts(module: dict, name: str, kernel, params: str):
 def wrapper(module: dict, name: str, kernel, params: str):
     """A serial ``name(<params>)`` that calls the kernel intrinsic ``kernel(<params>)``."""
     return _define(module, name, kernel, _WRAPPER, parallel=False, params=params)
+
+
+def loops(module: dict, name: str, kernels: dict, params: str, call: str):
+    """A serial ``name(case, n, <params>)``: ``for i in range(n): kernels[case](<call>)``,
+    call written in terms of params, i and n (the kernels bound as ``_<name>_<case>``)."""
+    body = []
+    for j, (case, kernel) in enumerate(kernels.items()):
+        module[f"_{name}_{case}"] = kernel
+        body.append(_LOOPS_CASE.format(cond="if" if j == 0 else "elif", case=case,
+                                       kernel=f"_{name}_{case}", call=call))
+    source = f"def {name}(case, n, {params}):" + "".join(body) + "\n"
+    return _define(module, name, None, "{source}", parallel=False, source=source)
 
 
 def keyed(intrinsic, key: str):

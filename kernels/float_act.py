@@ -29,18 +29,8 @@ from numba import get_num_threads, njit, prange
 from . import kquants_dequant as dq
 from .checks import frozen
 from .dequant_ir import MATMUL_DOT, MAX_FUSED_M
-from .formats import FORMATS, KQUANTS, LEGACY, Q3_K
+from .formats import FORMATS, KQUANTS, LEGACY
 from .legacy import dot_f32
-
-
-
-@njit(cache=True, nogil=True)
-def _dequant_row(qtype, w, ids, buf):
-    """buf (1, K) float32 = dequantized row ids[0] of w (Q2_K, Q3_K), bit-exact with gguf."""
-    if qtype == Q3_K:
-        dq.get_rows_q3_k(w, ids, buf)
-    else:
-        dq.get_rows_q2_k(w, ids, buf)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -55,7 +45,7 @@ def _matmul_float_act(qtype, w, x, out, n_chunks):
         ids = np.empty(1, np.int64)
         for row in range(c * n // n_chunks, (c + 1) * n // n_chunks):
             ids[0] = row
-            _dequant_row(qtype, w, ids, buf)
+            dq.get_rows(qtype, w, ids, buf)   # (Q2_K, Q3_K) bit-exact with gguf
             for m in range(m_rows):
                 out[m, row] = dot_f32(buf[0], xf, m, k)
 

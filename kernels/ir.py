@@ -283,3 +283,21 @@ def switch_static(builder, value, n_max: int, body, name: str) -> None:
         body(k)
         builder.branch(end)
     builder.position_at_end(end)
+
+
+def rows_by_m(builder, M, max_static: int, lo, hi, step: int, pass_m: int, rows_static) -> None:
+    """The K-quant kernels' two regimes over the weight units lo … hi−1 (rows or tiles):
+    M <= max_static, ``rows_static(M)`` on a code path of its own per M (switch_static);
+    more, for each slice of ``step`` units (they stay in L2), groups of pass_m activation
+    rows at a time, ``rows_static(k, m0, n0, n1)`` for a group of k rows from m0 over n0 … n1−1."""
+    def smaller(a, b):
+        return builder.select(builder.icmp_signed("<", a, b), a, b)
+
+    with builder.if_else(builder.icmp_signed("<=", M, I64(max_static))) as (single, multi):
+        with single:
+            switch_static(builder, M, max_static, rows_static, "static_m")
+        with multi, cgutils.for_range_slice(builder, lo, hi, I64(step)) as (n0, _):
+            n1 = smaller(builder.add(n0, I64(step)), hi)
+            with cgutils.for_range_slice(builder, I64(0), M, I64(pass_m)) as (m0, _):
+                k = smaller(builder.sub(M, m0), I64(pass_m))
+                switch_static(builder, k, pass_m, lambda n: rows_static(n, m0, n0, n1), "pass_m")

@@ -80,8 +80,8 @@ def _get_rows_fn(qtype: int, kernel):
 
 MATMUL = {qt: _matmul_fn(qt) for qt in MATMUL_Q8K}
 GET_ROWS = {
-    Q2_K: _get_rows_fn(Q2_K, dq.get_rows_q2_k),
-    Q3_K: _get_rows_fn(Q3_K, dq.get_rows_q3_k),
+    Q2_K: _get_rows_fn(Q2_K, lambda w, ids, out: dq.get_rows(Q2_K, w, ids, out)),
+    Q3_K: _get_rows_fn(Q3_K, lambda w, ids, out: dq.get_rows(Q3_K, w, ids, out)),
     Q4_K: _get_rows_fn(Q4_K, GET_ROWS_DEQUANT[Q4_K]),      # dequant_ir's decoders, as float_act's
     Q5_K: _get_rows_fn(Q5_K, GET_ROWS_DEQUANT[Q5_K]),
     Q6_K: _get_rows_fn(Q6_K, GET_ROWS_DEQUANT[Q6_K]),

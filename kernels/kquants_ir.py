@@ -44,7 +44,7 @@ from numba.extending import intrinsic
 
 from .formats import FORMATS, KQUANTS, Q4_K, Q5_K, Q6_K, QK_K
 from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_chain, f16_to_f32,
-                 fma_v16f32, have_avx2, have_f16c, have_vnni512, prefetch, shuffle2, switch_static)
+                 fma_v16f32, have_avx2, have_f16c, have_vnni512, prefetch, shuffle2, rows_by_m)
 from . import drivers
 from .kquants_decode import DECODERS, Decoded, k4_scales  # noqa: F401 (their home before)
 
@@ -178,9 +178,6 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, f16c: bool, wp, r
         dec = decode(builder, p)
         return dec, [builder.bitcast(v, V64I8) for v in dec.u]
 
-    def smaller(a, b):
-        return builder.select(builder.icmp_signed("<", a, b), a, b)
-
     def block(n, rr: int, ms: int, m0, b, accs):
         """Super-block b of weight rows n … n+rr−1 against activation rows m0 … m0+ms−1."""
         xs = [_x_block(builder, x, builder.add(m0, I64(j)), b) for j in range(ms)]
@@ -232,15 +229,7 @@ def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, f16c: bool, wp, r
             with cgutils.for_range_slice(builder, n_mid, n_hi, I64(1)) as (n, _):
                 rows_group(n, 1, ms, m0)
 
-    few = builder.icmp_signed("<=", M, I64(MAX_STATIC_M))
-    with builder.if_else(few) as (single, multi):
-        with single:
-            switch_static(builder, M, MAX_STATIC_M, rows_static, "static_m")
-        with multi, cgutils.for_range_slice(builder, lo, hi, I64(PASS_ROWS)) as (n0, _):
-            n1 = smaller(builder.add(n0, I64(PASS_ROWS)), hi)
-            with cgutils.for_range_slice(builder, I64(0), M, I64(PASS_M)) as (m0, _):
-                ms = smaller(builder.sub(M, m0), I64(PASS_M))
-                switch_static(builder, ms, PASS_M, lambda k: rows_static(k, m0, n0, n1), "pass_m")
+    rows_by_m(builder, M, MAX_STATIC_M, lo, hi, PASS_ROWS, PASS_M, rows_static)
 
 
 def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None):

@@ -46,7 +46,7 @@ from . import drivers
 from .formats import FORMATS, Q4_K, Q5_K, Q6_K, QK_K
 from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_bytes, dpbusd_chain, fma_v16f32,
                  have_avx2, have_f16c, have_vnni512, join, load_bytes, prefetch, shuffle,
-                 splat, splat_v16f32, switch_static, vector_type)
+                 splat, splat_v16f32, rows_by_m, vector_type)
 
 ROWS = 16
 RECORD = {Q4_K: 2368, Q5_K: 2880, Q6_K: 3392}      # as kquants_x16.RECORD
@@ -262,9 +262,6 @@ def _emit_chunk(builder, qtype, vnni, f16c, wp, x: _Q8K, out, N, c, n_chunks):
     hi = builder.sdiv(builder.mul(builder.add(c, I64(1)), n_tiles), n_chunks)
     rec_bytes = RECORD[qtype]
 
-    def smaller(a, b):
-        return builder.select(builder.icmp_signed("<", a, b), a, b)
-
     def rows_static(ms: int, m0=I64(0), t_lo=lo, t_hi=hi):
         accs = [cgutils.alloca_once(builder, V16F32) for _ in range(ms)]
         m_rows = [builder.add(m0, I64(j)) for j in range(ms)]
@@ -287,15 +284,7 @@ def _emit_chunk(builder, qtype, vnni, f16c, wp, x: _Q8K, out, N, c, n_chunks):
                                   source_etype=F32)
                 builder.store(builder.load(a), builder.bitcast(dst, V16F32.as_pointer()), align=4)
 
-    few = builder.icmp_signed("<=", M, I64(MAX_STATIC_M))
-    with builder.if_else(few) as (single, multi):
-        with single:
-            switch_static(builder, M, MAX_STATIC_M, rows_static, "static_m")
-        with multi, cgutils.for_range_slice(builder, lo, hi, I64(PASS_TILES)) as (t0, _):
-            t1 = smaller(builder.add(t0, I64(PASS_TILES)), hi)
-            with cgutils.for_range_slice(builder, I64(0), M, I64(PASS_M)) as (m0, _):
-                k = smaller(builder.sub(M, m0), I64(PASS_M))
-                switch_static(builder, k, PASS_M, lambda n: rows_static(n, m0, t0, t1), "pass_m")
+    rows_by_m(builder, M, MAX_STATIC_M, lo, hi, PASS_TILES, PASS_M, rows_static)
 
 
 def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = None):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from . import drivers
 from .checks import check_activations, frozen
 from .dequant_ir import GET_ROWS_DEQUANT
 from .formats import F16, F32, FLOATS, FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
@@ -38,11 +39,9 @@ from .q8_act import QK8, half_bits_to_f32, q8_rows
 
 M_CHUNK = 32    # activation rows per pass over a decoded tile
 
-_tile_q4_0, _tile_q4_1, _tile_q5_0 = TILE[Q4_0], TILE[Q4_1], TILE[Q5_0]
-_tile_q5_1, _tile_q8_0 = TILE[Q5_1], TILE[Q8_0]
-_tile_q5_0_decode = TILE_Q5_0_DECODE
 _ROWS_Q4_0, _ROWS_Q4_1, _ROWS_Q5_0, _ROWS_Q5_1, _ROWS_Q8_0 = (
     TILE_ROWS[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
+_DECODE = 0x100 | Q5_0          # the case of Q5_0's one-token tile (legacy_ir.DECODE_ROWS rows)
 
 
 # ---------------------------------------------------------------- quantized matmul driver
@@ -62,31 +61,12 @@ def _tile_rows(qtype, m_rows):
     return _ROWS_Q8_0
 
 
-@njit(cache=True, nogil=True)
-def _tile_blocks(qtype, rows, w, row0, rs, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc_ms):
-    """All K/32 blocks, in order, of the tile of ``rows`` rows (_tile_rows) at byte ``row0``
-    (row stride ``rs``).  Adds into acc[acc0 + m*acc_ms + r] for m0 <= m < m1, r < rows.
-    Arrays are flat.
-    """
-    nb = k // QK8
-    if qtype == Q4_0:
-        for b in range(nb):
-            _tile_q4_0(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-    elif qtype == Q4_1:
-        for b in range(nb):
-            _tile_q4_1(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-    elif qtype == Q5_0 and rows == DECODE_ROWS:
-        for b in range(nb):
-            _tile_q5_0_decode(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-    elif qtype == Q5_0:
-        for b in range(nb):
-            _tile_q5_0(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-    elif qtype == Q5_1:
-        for b in range(nb):
-            _tile_q5_1(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-    else:
-        for b in range(nb):
-            _tile_q8_0(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+# _tile_blocks(case, nb, w, row0, rs, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc_ms): all nb
+# blocks, in order, of the tile at byte row0 (row stride rs) of the format `case` (its qtype, or
+# _DECODE); adds into acc[acc0 + m*acc_ms + r] for m0 <= m < m1, r < the tile's rows (flat arrays).
+_tile_blocks = drivers.loops(globals(), "_tile_blocks", {**TILE, _DECODE: TILE_Q5_0_DECODE},
+                             "w, row0, rs, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc_ms",
+                             "w, row0, rs, i, xq, xsum, xd, xs, k, n, m0, m1, acc, acc0, acc_ms")
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -101,6 +81,8 @@ def _matmul_q8act(qtype, w, xq, xsum, xd, xs, out):
     wf, xqf, outf = w.reshape(-1), xq.reshape(-1), out.reshape(-1)
     xsumf, xdf, xsf = xsum.reshape(-1), xd.reshape(-1), xs.reshape(-1)
     rows = _tile_rows(qtype, m_rows)
+    case = _DECODE if qtype == Q5_0 and rows == DECODE_ROWS else qtype
+    nb = k // QK8
     n_tiles = n // rows
     for t in prange(n_tiles):
         n0 = t * rows
@@ -109,14 +91,13 @@ def _matmul_q8act(qtype, w, xq, xsum, xd, xs, out):
             for m in range(m0, m1):
                 for r in range(rows):
                     out[m, n0 + r] = np.float32(0.0)
-            _tile_blocks(qtype, rows, wf, n0 * rs, rs, xqf, xsumf, xdf, xsf, k, m0, m1, outf, n0, n)
+            _tile_blocks(case, nb, wf, n0 * rs, rs, xqf, xsumf, xdf, xsf, k, m0, m1, outf, n0, n)
     tail = n - n_tiles * rows
     if tail:
         pad = np.zeros((rows, rs), np.uint8)  # zero bytes: d = 0, the lanes are dropped
         pad[:tail] = w[n_tiles * rows:]
         acc = np.zeros(m_rows * rows, np.float32)
-        _tile_blocks(qtype, rows, pad.reshape(-1), 0, rs, xqf, xsumf, xdf, xsf, k, 0, m_rows,
-                     acc, 0, rows)
+        _tile_blocks(case, nb, pad.reshape(-1), 0, rs, xqf, xsumf, xdf, xsf, k, 0, m_rows, acc, 0, rows)
         for m in range(m_rows):
             for r in range(tail):
                 out[m, n_tiles * rows + r] = acc[m * rows + r]

@@ -34,9 +34,9 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from . import legacy
+from . import drivers, legacy
 from .checks import frozen
-from .formats import FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from .formats import FORMATS, LEGACY, Q8_0
 from .ir import I64, have_vnni256, join, prefetch
 from .legacy_ir import Decoded, emit_tile
 from .q8_act import QK8, q8_rows
@@ -195,50 +195,13 @@ def make_tile(qtype: int, rows: int):
     return tile
 
 
-_t8 = {qt: make_tile(qt, 8) for qt in LEGACY}
-_t16 = {qt: make_tile(qt, 16) for qt in LEGACY}
-_t8_q4_0, _t8_q4_1, _t8_q5_0, _t8_q5_1, _t8_q8_0 = (_t8[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
-_t16_q4_0, _t16_q4_1, _t16_q5_0, _t16_q5_1, _t16_q8_0 = (_t16[qt] for qt in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
-
-
 # -------------------------------------------------------------------------------- driver
-
-@njit(cache=True, nogil=True)
-def _blocks(qtype, rows, w, t0, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc_ms):
-    """All K/32 records, in order, of the tile of ``rows`` rows whose stream starts at byte
-    t0; adds into acc[acc0 + m*acc_ms + r] for m0 <= m < m1, r < rows (flat arrays)."""
-    nb = k // QK8
-    if rows == 8:
-        if qtype == Q4_0:
-            for b in range(nb):
-                _t8_q4_0(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-        elif qtype == Q4_1:
-            for b in range(nb):
-                _t8_q4_1(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-        elif qtype == Q5_0:
-            for b in range(nb):
-                _t8_q5_0(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-        elif qtype == Q5_1:
-            for b in range(nb):
-                _t8_q5_1(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-        else:
-            for b in range(nb):
-                _t8_q8_0(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-    elif qtype == Q4_0:
-        for b in range(nb):
-            _t16_q4_0(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-    elif qtype == Q4_1:
-        for b in range(nb):
-            _t16_q4_1(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-    elif qtype == Q5_0:
-        for b in range(nb):
-            _t16_q5_0(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-    elif qtype == Q5_1:
-        for b in range(nb):
-            _t16_q5_1(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
-    else:
-        for b in range(nb):
-            _t16_q8_0(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
+# _blocks(rows * 256 + qtype, nb, w, t0, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc_ms): all nb
+# records, in order, of the tile of `rows` (8 or 16) rows whose stream starts at byte t0; adds
+# into acc[acc0 + m*acc_ms + r] for m0 <= m < m1, r < rows (flat arrays).
+_TILES = {rows * 256 + qt: make_tile(qt, rows) for rows in (8, 16) for qt in LEGACY}
+_blocks = drivers.loops(globals(), "_blocks", _TILES, "w, t0, xq, xsum, xd, xs, k, m0, m1, acc, acc0, acc_ms",
+                        "w, t0, i, xq, xsum, xd, xs, k, n, m0, m1, acc, acc0, acc_ms")
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -262,7 +225,8 @@ def _matmul_records(qtype, w, xq, xsum, xd, xs, out):
             for m in range(m0, m1):
                 for r in range(r_t):
                     out[m, n0 + r] = np.float32(0.0)
-            _blocks(qtype, r_t, wf, (n0 // 8) * stream, xqf, xsumf, xdf, xsf, k, m0, m1, outf, n0, n)
+            _blocks(r_t * 256 + qtype, k // QK8, wf, (n0 // 8) * stream, xqf, xsumf, xdf, xsf, k, m0, m1,
+                    outf, n0, n)
 
 
 @njit(cache=True, nogil=True)

@@ -205,6 +205,7 @@ class GGUFFile:
         """image: the file's bytes already in process memory (engine/prepared.py: the file as
         a previous load left it, rewritten tensors included); read instead of the file."""
         self.path = str(path)
+        self._released: set[str] = set()
         if image is not None:
             self.file_size, self._mm = len(image), image
             self.metadata, self.tensors, self.data_start = self._parse(memoryview(self._mm))
@@ -295,6 +296,8 @@ class GGUFFile:
         info = self.tensors.get(name)
         if info is None:
             raise GGUFError(f"{self.path}: missing tensor {name!r}")
+        if name in self._released:
+            raise GGUFError(f"{self.path}: tensor {name!r} was released (its weights are held in another layout)")
         raw = self._mm[info.offset:info.offset + info.n_bytes]            # (n_bytes,) uint8, no copy
         if info.ggml_type == GGMLQuantizationType.F32:
             return raw.view(np.float32).reshape(info.shape)
@@ -312,6 +315,20 @@ class GGUFFile:
     def in_memory(self) -> bool:
         """True when the file was read into process memory (mmap=False)."""
         return not isinstance(self._mm, np.memmap)
+
+    def release(self, name: str) -> None:
+        """In-memory copy only: give the pages that lie wholly inside tensor ``name``'s bytes
+        back to the operating system (MADV_DONTNEED; they read as zeros from then on), when
+        the engine holds its weights in a new array of another layout; the tensor cannot be
+        read afterwards.  A mapped file's pages are the page cache's: nothing to do."""
+        buf = getattr(self._mm, "base", None)
+        if not self.in_memory or not isinstance(buf, _mmap.mmap) or not hasattr(_mmap, "MADV_DONTNEED"):
+            return
+        info, page = self.tensors[name], _mmap.PAGESIZE
+        lo, hi = -(-info.offset // page) * page, (info.offset + info.n_bytes) // page * page
+        if hi > lo:
+            buf.madvise(_mmap.MADV_DONTNEED, lo, hi - lo)
+        self._released.add(name)
 
     def rewrite(self, name: str, fn) -> np.ndarray:
         """In-memory copy only: replace tensor ``name``'s bytes by ``fn(view)`` (an array of

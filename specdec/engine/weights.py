@@ -111,18 +111,24 @@ class Weights:
                 raise UnsupportedModelError(
                     f"{gf.path}: tensor {name!r} has unsupported type {t.type_name}")
             b = opt_vec(name.replace(".weight", ".bias"), n_out) if bias else None
-            key = name + ("#head" if table and head else "")
+            key = name + ("#head" if table and head else "")     # a head of its own beside the table
             if prepared is not None and key in prepared.extra:
                 qtype, w = prepared.extra[key]
+                if key == name:
+                    gf.release(name)                            # the file's bytes are not read again
                 return Linear(name, w, qtype, n_in, n_out, b, exact)
             if prepared is not None and prepared.image is not None and name in prepared.rewritten:
                 return Linear(name, gf.tensor(name), prepared.rewritten[name], n_in, n_out, b, exact)
             w, qtype = _prepare(gf, name, t.ggml_type, n_in, n_out, requant, exact, table, head)
-            if record is not None and qtype != t.ggml_type:
+            if qtype != t.ggml_type:
                 if np.shares_memory(w, gf.tensor(name)):
-                    record.rewritten[name] = qtype
+                    if record is not None:
+                        record.rewritten[name] = qtype
                 else:
-                    record.extra[key] = (qtype, w)
+                    if record is not None:
+                        record.extra[key] = (qtype, w)
+                    if key == name:
+                        gf.release(name)
             return Linear(name, w, qtype, n_in, n_out, b, exact)
 
         layers = []
