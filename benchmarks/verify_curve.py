@@ -262,9 +262,10 @@ def llamacpp_section(path: str, a) -> dict | None:
     return out
 
 
-def _child(path: str, a, tree: Path | None = None) -> list[dict]:
-    """measure() of every model in a process of its own on kernel path `path`; tree: another
-    checkout's script and python (its .venv when it has one), for a same-run baseline."""
+def _child(path: str | None, a, tree: Path | None = None) -> list[dict]:
+    """measure() of every model in a process of its own on kernel path `path` (None: the
+    default, SPECDEC_KERNELS unset); tree: another checkout's script and python (its .venv
+    when it has one), for a same-run baseline."""
     script, python = Path(__file__), sys.executable
     if tree is not None:
         script = tree / "benchmarks" / "verify_curve.py"
@@ -273,7 +274,9 @@ def _child(path: str, a, tree: Path | None = None) -> list[dict]:
     cmd = [python, str(script), "--single", "--models", *a.models, "--repeats", str(a.repeats),
            "--pp", *map(str, a.pp)] + (["--no-mmap"] if a.no_mmap else []) + \
           (["--no-profile"] if a.no_profile or tree is not None else [])
-    env = dict(os.environ, SPECDEC_KERNELS=path)
+    env = {k: v for k, v in os.environ.items() if k != "SPECDEC_KERNELS"}
+    if path is not None:
+        env["SPECDEC_KERNELS"] = path
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True,
                           cwd=script.parent.parent)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -287,9 +290,10 @@ def _best(runs: list[dict]) -> dict:
             "pp_tok_s": pp, "runs": len(runs)}
 
 
-def baseline_runs(a, path: str, first: list[dict]) -> tuple[list[dict], list[dict]]:
-    """This tree's and a.baseline's measures, alternated a.rounds times in fresh processes
-    (this tree's first round is `first`) -> per model, the best of each."""
+def baseline_runs(a, path: str | None, first: list[dict]) -> tuple[list[dict], list[dict]]:
+    """This tree's and a.baseline's measures on `path` (None: each tree's default path),
+    alternated a.rounds times in fresh processes (this tree's first round is `first`) -> per
+    model, the best of each."""
     tree = Path(a.baseline).resolve()
     ours, theirs = [first], []
     for i in range(a.rounds):
@@ -331,7 +335,7 @@ def main(argv=None) -> None:
         runs[p] = _child(p, a)
     best = base = None
     if a.baseline:
-        best, base = baseline_runs(a, cpu.path(), runs[cpu.path()])
+        best, base = baseline_runs(a, None, runs[cpu.path()])
     for i in range(len(a.models)):
         r = dict(runs[cpu.path()][i])
         r["paths"] = {p: {k: runs[p][i][k] for k in ("curve", "peak_fraction", "pp_tok_s")} for p in runs}

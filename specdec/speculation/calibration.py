@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from ..kernels import cpu
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2    # 2: the interleaved K-quants and their tiles (costs measured before are stale)
 ENV = "SPECDEC_CALIBRATE"       # "0" / "off" / "false": never measure, use the prior
 ROWS = 8                        # the widest verification pass measured
 PROMPT_ROWS = 64                # the prompt pass measured

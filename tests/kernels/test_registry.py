@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import make_weights
+from helpers import make_weights, random_weights
 from synth import TinySpec
 from specdec.kernels import registry
 from specdec.kernels.formats import FORMATS, KQUANTS, LEGACY, Q4_0, Q4_K, Q6_K, Q8_0
@@ -36,7 +36,7 @@ def test_the_pass_size_alone_chooses_simd_or_tiles():
     base = registry.KERNELS[Q4_K]
     k = replace(base, tiles=lambda w, x, out: calls.append(x.shape[0]) or base.simd(w, x, out), min_m=5)
     rng = np.random.default_rng(0)
-    w = make_weights(Q4_K, 16, 256, rng, raw=False)
+    w = random_weights(rng, Q4_K, 16, 1)
     for m in (1, 4, 5, 9):
         x = rng.standard_normal((m, 256)).astype(np.float32)
         assert np.array_equal(k.matmul(w, x).view(np.uint32), kquant_dot(Q4_K, w, x).view(np.uint32))
