@@ -48,17 +48,43 @@ def verify_lines(vc: dict) -> list[str]:
            "| --- | " + " | ".join("---:" for _ in ms) + " | ---: | ---: |"]
     for r in vc["models"]:
         rel = r["curve"]["relative"]
-        p = r["profile"]
-        out.append(f"| {r['model']} | " + " | ".join(f"{rel[m]:.2f}" for m in ms)
-                   + f" | {p['step_ms']:.1f} ms | {p['python_glue_pct']:.1f}% |")
+        p = r.get("profile")                                   # absent with --no-profile
+        step, glue = (f"{p['step_ms']:.1f} ms", f"{p['python_glue_pct']:.1f}%") if p else ("-", "-")
+        out.append(f"| {r['model']} | " + " | ".join(f"{rel[m]:.2f}" for m in ms) + f" | {step} | {glue} |")
         ms_row = r["curve"]["forward_ms"]
         out.append("| &nbsp;&nbsp;ms | " + " | ".join(f"{ms_row[m]:.1f}" for m in ms) + " | | |")
+        if "baseline" in r:                                    # --baseline: the tree it replaces, same run
+            b = r["baseline"]["curve"]["forward_ms"]
+            out.append(f"| &nbsp;&nbsp;{r['baseline']['commit']}, ms | " + " | ".join(f"{b[m]:.1f}" for m in ms)
+                       + " | | |")
         if "llamacpp_curve" in r:
             lc = r["llamacpp_curve"]
             out.append("| &nbsp;&nbsp;llama.cpp, relative | " + " | ".join(f"{lc['relative'][m]:.2f}" for m in ms)
                        + " | | |")
             out.append("| &nbsp;&nbsp;llama.cpp, ms | " + " | ".join(f"{lc['forward_ms'][m]:.1f}" for m in ms)
                        + " | | |")
+    return out + pp_lines(vc)
+
+
+def pp_lines(vc: dict) -> list[str]:
+    """Prompt processing per model and kernel path, beside the baseline tree and llama-bench."""
+    pps = [str(n) for n in vc.get("pp", [])]
+    if not pps:
+        return []
+    out = ["", "| model | path | " + " | ".join(f"pp{n} tok/s" for n in pps) + " | "
+           + " | ".join(f"vs llama.cpp pp{n}" for n in pps) + " |",
+           "| --- | --- | " + " | ".join("---:" for _ in pps * 2) + " |"]
+    for r in vc["models"]:
+        lc = r.get("llamacpp_curve", {}).get("pp_tok_s", {})
+        rows = [(p, sec["pp_tok_s"]) for p, sec in r.get("paths", {}).items()]
+        if "baseline" in r:
+            rows.append((r["baseline"]["commit"], r["baseline"]["pp_tok_s"]))
+        if lc:
+            rows.append(("llama.cpp", lc))
+        for name, pp in rows:
+            ratio = [f"{pp[n] / lc[n]:.2f}x" if lc.get(n) else "-" for n in pps]
+            out.append(f"| {r['model']} | {name} | " + " | ".join(f"{pp[n]:.1f}" for n in pps) + " | "
+                       + " | ".join(ratio) + " |")
     return out
 
 
