@@ -321,7 +321,8 @@ class GGUFFile:
         back to the operating system (MADV_DONTNEED; they read as zeros from then on), when
         the engine holds its weights in a new array of another layout; the tensor cannot be
         read afterwards.  A mapped file's pages are the page cache's: nothing to do."""
-        buf = getattr(self._mm, "base", None)
+        buf = getattr(self._mm, "base", None)                # np.frombuffer's memoryview of the mmap
+        buf = getattr(buf, "obj", buf)
         if not self.in_memory or not isinstance(buf, _mmap.mmap) or not hasattr(_mmap, "MADV_DONTNEED"):
             return
         info, page = self.tensors[name], _mmap.PAGESIZE

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec.engine.config import ROPE_NEOX, ROPE_NORM
+from specdec.errors import GGUFError
 from synth import TinySpec
 
 SPECS = [
@@ -133,6 +134,12 @@ def test_no_mmap_reads_one_copy_with_the_same_logits(tiny_model, spec):
     assert wq.qtype == new and c.weights.tok_embd_type == registry.layout_for(spec.qtype, m.config.n_vocab)
     if new == registry.INTERLEAVED.get(spec.qtype):
         assert wq.w.shape[0] * 16 == m.weights.layers[0].wq.w.shape[0] and not np.shares_memory(wq.w, c.gguf._mm)
+        info = c.gguf.tensors[wq.name]                   # its file bytes given back: whole pages read as 0
+        page = -(-info.offset // 4096) * 4096
+        if page + 4096 <= info.offset + info.n_bytes:
+            assert not c.gguf._mm[page:page + 4096].any()
+        with pytest.raises(GGUFError, match="released"):
+            c.gguf.tensor(wq.name)
     else:
         assert np.shares_memory(wq.w, c.gguf._mm) and not wq.w.flags.writeable
         assert wq.w.shape == m.weights.layers[0].wq.w.shape
