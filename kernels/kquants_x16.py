@@ -62,48 +62,6 @@ def can_interleave(qtype: int, n_rows: int) -> bool:
     return qtype in RECORD and n_rows % ROWS == 0
 
 
-def _vectors(u: np.ndarray) -> np.ndarray:
-    """u (T, 16, nb, 256) codes (any bits) -> (T, nb, 32, 64) bytes: vector 8c + t, byte 4r + i
-    = low nibble of value 64c + 4t + i, high nibble of value 64c + 32 + 4t + i."""
-    t_, _, nb, _ = u.shape
-    v = (u & 15).astype(np.uint8).reshape(t_, ROWS, nb, 4, 2, 8, 4)   # (T, r, b, c, h, t, i)
-    v = v[..., 0, :, :] | (v[..., 1, :, :] << 4)                      # (T, r, b, c, t, i)
-    return v.transpose(0, 2, 3, 4, 1, 5).reshape(t_, nb, 32, 64)
-
-
-def _codes(vec: np.ndarray) -> np.ndarray:
-    """The inverse of _vectors: (T, nb, 32, 64) -> the low 4 bits (T, 16, nb, 256)."""
-    t_, nb = vec.shape[:2]
-    v = vec.reshape(t_, nb, 4, 8, ROWS, 4)                            # (T, b, c, t, r, i)
-    both = np.stack([v & 15, v >> 4], axis=3)                         # (T, b, c, h, t, r, i)
-    return both.transpose(0, 5, 1, 2, 3, 4, 6).reshape(t_, ROWS, nb, QK_K)
-
-
-def _high(u: np.ndarray, qtype: int) -> np.ndarray:
-    """The bits above the low 4 -> Q5_K (T, nb, 8, 64) or Q6_K (T, nb, 16, 64) bytes."""
-    t_, _, nb, _ = u.shape
-    hi = (u >> 4).astype(np.uint8).reshape(t_, ROWS, nb, 4, 2, 8, 4)  # (T, r, b, c, h, t, i)
-    if qtype == Q5_K:                                                  # bit 2c + h
-        shift = (2 * np.arange(4)[:, None] + np.arange(2)).astype(np.uint8)[:, :, None, None]
-        out = (hi << shift).sum(axis=(3, 4), dtype=np.uint8)          # (T, r, b, t, i)
-        return out.transpose(0, 2, 3, 1, 4).reshape(t_, nb, 8, 64)
-    shift = (2 * np.arange(4)).astype(np.uint8)[:, None, None, None]  # bits 2c, 2c + 1
-    out = (hi << shift).sum(axis=3, dtype=np.uint8)                    # (T, r, b, h, t, i)
-    return out.transpose(0, 2, 3, 4, 1, 5).reshape(t_, nb, 16, 64)
-
-
-def _unhigh(hv: np.ndarray, qtype: int) -> np.ndarray:
-    """The inverse of _high -> the bits above the low 4, (T, 16, nb, 256)."""
-    t_, nb = hv.shape[:2]
-    if qtype == Q5_K:
-        v = hv.reshape(t_, nb, 1, 1, 8, ROWS, 4).astype(np.int32)     # (T, b, ·, ·, t, r, i)
-        bits = (v >> (2 * np.arange(4)[:, None, None, None, None] + np.arange(2)[:, None, None, None])) & 1
-    else:
-        v = hv.reshape(t_, nb, 1, 2, 8, ROWS, 4).astype(np.int32)     # (T, b, ·, h, t, r, i)
-        bits = (v >> (2 * np.arange(4))[:, None, None, None, None]) & 3
-    return bits.transpose(0, 5, 1, 2, 3, 4, 6).reshape(t_, ROWS, nb, QK_K)   # (T, r, b, c, h, t, i)
-
-
 def interleave(qtype: int, w: np.ndarray) -> np.ndarray:
     """uint8 (N, row_bytes) GGUF rows -> uint8 (N/16, nb · RECORD) records (module docstring),
     CHUNK_TILES tiles at a time (the temporaries stay in cache)."""
@@ -118,26 +76,45 @@ def interleave(qtype: int, w: np.ndarray) -> np.ndarray:
     return out
 
 
+def _to_tiles(a: np.ndarray, t_: int, size: int) -> np.ndarray:
+    """(16 T, nb, n) bytes of each row -> (T, nb, 16 n): unit j (``size`` bytes) of row r at
+    byte size · (16 j + r), the rows of a tile side by side per unit."""
+    nb, n = a.shape[1:]
+    return a.reshape(t_, ROWS, nb, n // size, size).transpose(0, 2, 3, 1, 4).reshape(t_, nb, ROWS * n)
+
+
+def _from_tiles(a: np.ndarray, size: int) -> np.ndarray:
+    """The inverse of _to_tiles: (T, nb, 16 n) -> (16 T, nb, n)."""
+    t_, nb, n = a.shape[0], a.shape[1], a.shape[2] // ROWS
+    return a.reshape(t_, nb, n // size, ROWS, size).transpose(0, 3, 1, 2, 4).reshape(t_ * ROWS, nb, n)
+
+
 def _records(qtype: int, w: np.ndarray) -> np.ndarray:
-    """The records of the tiles of w (16T rows) -> uint8 (T, nb · RECORD)."""
-    from .reference import kquant_parts                # the parts as ggml's dequantize reads them
-    p = kquant_parts(qtype, w)
-    t_, nb = w.shape[0] // ROWS, p.u.shape[1]
-
-    def by_tile(a, dt):                                 # (N, nb, ·) -> (T, nb, ·, 16) bytes
-        a = a.reshape(t_, ROWS, nb, -1).transpose(0, 2, 3, 1)
-        return np.ascontiguousarray(a.astype(dt)).view(np.uint8).reshape(t_, nb, -1)
-
-    u = p.u.reshape(t_, ROWS, nb, QK_K)
+    """The records of the tiles of w (16T rows of GGUF blocks) -> uint8 (T, nb · RECORD).
+    The GGUF qs (and Q5_K's qh) words are already the record's words (value 4t + i of a
+    sub-block is byte 4t + i): they only move; Q6_K's ql / qh fields are regrouped by chunk."""
+    t_, ts = w.shape[0] // ROWS, FORMATS[qtype].type_size
+    b = w.reshape(t_ * ROWS, -1, ts)                                          # (N, nb, block)
     if qtype == Q6_K:
-        parts = [by_tile(p.d[..., None], np.float32), by_tile(p.sc, np.int8), _high(u, qtype).reshape(t_, nb, -1)]
+        ql = []                                                               # chunk c = 2h + k
+        for h in (0, 1):
+            lo, hi = b[..., 64 * h:64 * h + 32], b[..., 64 * h + 32:64 * h + 64]
+            ql += [(lo & 15) | (hi << 4), (lo >> 4) | (hi & 0xF0)]             # values 64c + 4t + i, + 32
+        ql = np.concatenate(ql, axis=-1)
+        q0, q1 = b[..., 128:160], b[..., 160:192]                            # qh of halves 0, 1
+        qh = np.concatenate([((q0 >> s) & 3) | (((q0 >> (s + 4)) & 3) << 2) | (((q1 >> s) & 3) << 4)
+                             | (((q1 >> (s + 4)) & 3) << 6) for s in (0, 2)], axis=-1)
+        d = np.ascontiguousarray(b[..., 208:210]).view(np.float16).astype(np.float32).view(np.uint8)
+        parts = [_to_tiles(d, t_, 4), _to_tiles(b[..., 192:208], t_, 1), _to_tiles(qh, t_, 4),
+                 _to_tiles(ql, t_, 4)]
     else:
-        parts = [by_tile(p.d[..., None], np.float16), by_tile(p.dmin[..., None], np.float16),
-                 by_tile(p.sc[..., ::2], np.uint8), by_tile(p.mn[..., ::2], np.uint8)]
-        if qtype == Q5_K:
-            parts.append(_high(u, qtype).reshape(t_, nb, -1))
-    parts.append(_vectors(u).reshape(t_, nb, -1))
-    return np.concatenate(parts, axis=-1).reshape(t_, nb * RECORD[qtype])
+        q = b[..., 4:16]                                                      # get_scale_min_k4's bytes
+        sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 15) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
+        mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
+        parts = [_to_tiles(b[..., 0:2], t_, 2), _to_tiles(b[..., 2:4], t_, 2), _to_tiles(sc, t_, 1),
+                 _to_tiles(mn, t_, 1)] + ([_to_tiles(b[..., 16:48], t_, 4)] if qtype == Q5_K else [])
+        parts.append(_to_tiles(b[..., ts - 128:], t_, 4))
+    return np.concatenate(parts, axis=-1).reshape(t_, -1)
 
 
 def huge_empty(shape: tuple[int, int]) -> np.ndarray:
@@ -158,65 +135,28 @@ def huge_empty(shape: tuple[int, int]) -> np.ndarray:
 
 
 def deinterleave(qtype: int, wi: np.ndarray) -> np.ndarray:
-    """uint8 (T, nb · RECORD) records -> the GGUF rows uint8 (16 T, row_bytes), bit for bit."""
+    """uint8 (T, nb · RECORD) records -> the GGUF rows uint8 (16 T, row_bytes), bit for bit:
+    _records undone field by field."""
     t_ = wi.shape[0]
-    nb = wi.shape[1] // RECORD[qtype]
-    rec = wi.reshape(t_, nb, RECORD[qtype])
-
-    def field(at, count, dt):                           # -> (N, nb, count) of dtype dt
-        size = np.dtype(dt).itemsize * count * ROWS
-        a = np.ascontiguousarray(rec[..., at:at + size]).view(dt).reshape(t_, nb, count, ROWS)
-        return a.transpose(0, 3, 1, 2).reshape(t_ * ROWS, nb, count), at + size
-
+    rec = wi.reshape(t_, -1, RECORD[qtype])
+    qs = _from_tiles(rec[..., -2048:], 4)                                     # the codes: the last 2 KB
     if qtype == Q6_K:
-        d, at = field(0, 1, np.float32)
-        sc, at = field(at, 16, np.int8)
-        hi = _unhigh(rec[..., at:at + 1024].reshape(t_, nb, 16, 64), qtype)
-        at += 1024
+        ql = []
+        for h in (0, 1):
+            even, odd = qs[..., 64 * h:64 * h + 32], qs[..., 64 * h + 32:64 * h + 64]
+            ql += [(even & 15) | (odd << 4), (even >> 4) | (odd & 0xF0)]
+        r0, r1 = np.split(_from_tiles(rec[..., 320:1344], 4), 2, axis=-1)
+        q0 = (r0 & 3) | ((r1 & 3) << 2) | (((r0 >> 2) & 3) << 4) | (((r1 >> 2) & 3) << 6)
+        q1 = ((r0 >> 4) & 3) | (((r1 >> 4) & 3) << 2) | (((r0 >> 6) & 3) << 4) | (((r1 >> 6) & 3) << 6)
+        d = np.ascontiguousarray(_from_tiles(rec[..., 0:64], 4)).view(np.float32).astype(np.float16)
+        blocks = ql + [q0, q1, _from_tiles(rec[..., 64:320], 1), d.view(np.uint8)]
     else:
-        d, at = field(0, 1, np.float16)
-        dmin, at = field(at, 1, np.float16)
-        sc, at = field(at, 8, np.uint8)
-        mn, at = field(at, 8, np.uint8)
-        hi = 0
-        if qtype == Q5_K:
-            hi = _unhigh(rec[..., at:at + 512].reshape(t_, nb, 8, 64), qtype)
-            at += 512
-    u = _codes(rec[..., at:at + 2048].reshape(t_, nb, 32, 64)).astype(np.int32) | (np.asarray(hi) << 4)
-    u = u.reshape(t_ * ROWS, nb, QK_K)
-    return _gguf_rows(qtype, u, sc, d, *((mn, dmin) if qtype != Q6_K else ()))
-
-
-def _pack_scale_min_k4(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
-    """The inverse of get_scale_min_k4: sc, mn (…, 8) 6-bit -> the 12 bytes (…, 12)."""
-    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
-    return np.concatenate([(sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6),
-                           (mn[..., :4] & 63) | ((mn[..., 4:] >> 4) << 6),
-                           (sc[..., 4:] & 15) | ((mn[..., 4:] & 15) << 4)], axis=-1)
-
-
-def _gguf_rows(qtype, u, sc, d, mn=None, dmin=None) -> np.ndarray:
-    """Codes and scales (N, nb, ·) -> GGUF blocks (N, nb · type_size) (ggml's block structs)."""
-    n, nb, _ = u.shape
-    f16 = lambda a: a.astype(np.float16).view(np.uint8).reshape(n, nb, 2)   # noqa: E731
-    if qtype == Q6_K:
-        v = u.reshape(n, nb, 2, 4, 32)                                       # (h, s, l)
-        lo = (v & 15).astype(np.uint8)
-        ql = np.concatenate([lo[:, :, :, 0] | (lo[:, :, :, 2] << 4), lo[:, :, :, 1] | (lo[:, :, :, 3] << 4)], -1)
-        hi = (v >> 4).astype(np.uint8)
-        qh = (hi << (2 * np.arange(4, dtype=np.uint8))[:, None]).sum(axis=3, dtype=np.uint8)   # (h, l)
-        blk = [ql.reshape(n, nb, 128), qh.reshape(n, nb, 64), sc.astype(np.int8).view(np.uint8), f16(d)]
-    else:
-        v = u.reshape(n, nb, 4, 2, 32)                                       # (c, h, l)
-        qs = ((v[:, :, :, 0] & 15) | ((v[:, :, :, 1] & 15) << 4)).astype(np.uint8).reshape(n, nb, 128)
-        blk = [f16(d), f16(dmin), _pack_scale_min_k4(sc, mn)]
-        if qtype == Q5_K:
-            hb = (u.reshape(n, nb, 8, 32) >> 4).astype(np.uint8)             # (j, l)
-            blk.append((hb << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=2, dtype=np.uint8))
-        blk.append(qs)
-    out = np.concatenate(blk, axis=-1)
-    assert out.shape[-1] == FORMATS[qtype].type_size
-    return np.ascontiguousarray(out.reshape(n, nb * FORMATS[qtype].type_size))
+        sc, mn = _from_tiles(rec[..., 64:192], 1), _from_tiles(rec[..., 192:320], 1)
+        scales = [(sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6), (mn[..., :4] & 63) | ((mn[..., 4:] >> 4) << 6),
+                  (sc[..., 4:] & 15) | ((mn[..., 4:] & 15) << 4)]           # get_scale_min_k4 undone
+        blocks = [_from_tiles(rec[..., 0:32], 2), _from_tiles(rec[..., 32:64], 2)] + scales
+        blocks += ([_from_tiles(rec[..., 320:832], 4)] if qtype == Q5_K else []) + [qs]
+    return np.concatenate(blocks, axis=-1).reshape(t_ * ROWS, -1)
 
 
 # ---------------------------------------------------------------------------- front door
