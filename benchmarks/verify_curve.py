@@ -48,8 +48,7 @@ from numba import njit, prange
 
 import specdec
 import specdec.engine.model as model_mod
-import specdec.engine.weights as weights_mod
-from specdec.kernels import cpu
+from specdec.kernels import cpu, registry
 from specdec.models import llamacpp
 from specdec.frontends.bench import llamacpp_forward_ms
 from common import QWEN_DRAFT, QWEN_TARGET, forward_ms, machine_info, prompt_ids, warm_up, write_json
@@ -136,7 +135,7 @@ def _timed_kernels():
     patched = []
     for obj, names in ((model_mod, ("attention", "rms_norm", "rms_norm_heads", "rope_apply", "rope_cos_sin",
                                     "swiglu", "geglu", "get_rows")),
-                       (weights_mod, ("matmul",))):            # Linear.__call__'s matmul
+                       (registry.Kernel, ("matmul",))):        # every Linear's matmul
         for n in names:
             if hasattr(obj, n):
                 patched.append((obj, n, getattr(obj, n)))
