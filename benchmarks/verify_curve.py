@@ -320,6 +320,9 @@ def main(argv=None) -> None:
     ap.add_argument("--baseline", default=None, metavar="TREE",
                     help="another checkout of specdec measured in the same run, alternated with this one")
     ap.add_argument("--rounds", type=int, default=3, help="--baseline: alternations (the fastest is kept)")
+    ap.add_argument("--kernels", default=None, metavar="PATH",
+                    help="measure this kernel path (SPECDEC_KERNELS, e.g. avx2) in place of the host's default, "
+                         "the --baseline too")
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.single:                                          # a child: one path, JSON on stdout
@@ -327,16 +330,17 @@ def main(argv=None) -> None:
         return
     out = Path(a.out)
     paths = a.paths if a.paths is not None else (["vnni"] if amx.available() else [])
+    main_path = a.kernels or cpu.path()
     result = {"machine": machine_info(), "ms": list(MS), "pp": a.pp, "default_path": cpu.path(),
-              "mmap": None if not a.no_mmap else False, "models": []}
-    runs = {cpu.path(): [measure(mid, a) for mid in a.models]}
-    for p in paths:
+              "measured_path": main_path, "mmap": None if not a.no_mmap else False, "models": []}
+    runs = {main_path: _child(a.kernels, a) if a.kernels else [measure(mid, a) for mid in a.models]}
+    for p in (p for p in paths if p != main_path):
         runs[p] = _child(p, a)
     best = base = None
     if a.baseline:
-        best, base = baseline_runs(a, None, runs[cpu.path()])
+        best, base = baseline_runs(a, a.kernels, runs[main_path])
     for i in range(len(a.models)):
-        r = dict(runs[cpu.path()][i])
+        r = dict(runs[main_path][i])
         r["paths"] = {p: {k: runs[p][i][k] for k in ("curve", "peak_fraction", "pp_tok_s")} for p in runs}
         if base is not None:
             r["best"], r["baseline"] = best[i], base[i]

@@ -157,12 +157,6 @@ def _matmul_float(kind, w, x, out):
 # --------------------------------------------------------------------------- row lookup
 
 @njit(cache=True, nogil=True)
-def _f16_at(row, off):
-    """fp16 stored little-endian at row[off:off+2] -> float32."""
-    return half_bits_to_f32(np.uint16(row[off]) | (np.uint16(row[off + 1]) << np.uint16(8)))
-
-
-@njit(cache=True, nogil=True)
 def _get_rows_float(kind, w, ids, out):
     """out (M, K) float32 = rows ids of w (raw bits (N, K), see _bits_view)."""
     bits = out.view(np.uint32)
