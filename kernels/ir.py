@@ -238,22 +238,28 @@ def dpbusd_bytes(builder, vnni: bool, acc, a_u8, b_i8, u_max: int = 255):
                                         builder.add(parts[2], parts[3])))
 
 
-def dpbusd_chain(builder, vnni: bool, us, xs, u_max: int):
-    """Σ_k dpbusd_bytes(u_k, x_k) as <16 x i32> (us, xs: lists of <64 x i8>), exact.  AVX2
-    without VNNI adds the vpmaddubsw pair sums of g vectors in i16 before one vpmaddwd
-    (g · 2 · u_max · 127 < 2^15: g = 4 for 5-bit codes, 2 for 6-bit), as ggml's AVX2 K-quant
-    dots do; the integers are the same on every path."""
+def dpbusd_chain(builder, vnni: bool, us, xs, u_max: int, scale=None):
+    """Σ_k dpbusd_bytes(u_k, x_k) as <16 x i32> (us, xs: lists of <64 x i8>), exact, times
+    ``scale`` (<16 x i32>, |scale| < 2^15) per lane when given.  AVX2 without VNNI adds the
+    vpmaddubsw pair sums of g vectors in i16 before one vpmaddwd (g · 2 · u_max · 127 < 2^15:
+    g = 4 for 5-bit codes, 2 for 6-bit), as ggml's AVX2 K-quant dots do, and that vpmaddwd
+    multiplies by the lane's scale as an i16 pair where the others multiply by ones (no
+    vpmulld); the integers are the same on every path."""
     acc = ir.Constant(V16I32, None)
     if vnni or not have_avx2() or u_max > 128:
         for u, x in zip(us, xs):
             acc = dpbusd_bytes(builder, vnni, acc, u, x, u_max)
-        return acc
+        return acc if scale is None else builder.mul(acc, scale)
     g = max(1, min(len(us), 32767 // (254 * u_max)))
     v32i8, v16i16 = vector_type(I8, 32), vector_type(I16, 16)
     madd_b = builder.module.declare_intrinsic(
         "llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(v16i16, [v32i8, v32i8]))
     madd_w = builder.module.declare_intrinsic(
         "llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(V8I32, [v16i16, v16i16]))
+    by = ir.Constant(vector_type(I16, 32), [1] * 32)
+    if scale is not None:                                   # (scale, scale) in each lane's i16 pair
+        by = builder.bitcast(builder.or_(builder.and_(scale, ir.Constant(V16I32, 0xFFFF)),
+                                         builder.shl(scale, ir.Constant(V16I32, 16))), vector_type(I16, 32))
     halves = []
     for h in range(2):
         part = ir.Constant(V8I32, None)
@@ -263,7 +269,7 @@ def dpbusd_chain(builder, vnni: bool, us, xs, u_max: int):
                 pr = builder.call(madd_b, [shuffle(builder, u, range(32 * h, 32 * h + 32)),
                                            shuffle(builder, x, range(32 * h, 32 * h + 32))])
                 pairs = pr if pairs is None else builder.add(pairs, pr)
-            part = builder.add(part, builder.call(madd_w, [pairs, ir.Constant(v16i16, [1] * 16)]))
+            part = builder.add(part, builder.call(madd_w, [pairs, shuffle(builder, by, range(16 * h, 16 * h + 16))]))
         halves.append(part)
     return join(builder, halves[0], halves[1])
 

@@ -158,12 +158,20 @@ import sys
 sys.path.insert(0, "tests")
 import numpy as np
 from specdec.kernels import cpu, kquants_x16 as x16, reference
-from helpers import random_weights
+from helpers import F16_FIELDS, random_weights
 rng = np.random.default_rng(3)
 for qt in x16.INTERLEAVABLE:
-    for m in (1, 2, 7, 9, 17, 18, 33, 64):
+    for m in (1, 2, 7, 9, 17, 18, 33, 64, 3, 20):
         w = random_weights(rng, qt, 48, 3)
         x = rng.standard_normal((m, 768)).astype(np.float32)
+        if m in (3, 20):                    # every code and scale at its extreme, |x| = 127: the int16 sums' bound
+            w = random_weights(rng, qt, 48, 3, f16=0.5).reshape(48, 3, -1)
+            keep = np.zeros(w.shape[-1], bool)
+            for o in F16_FIELDS[qt]:
+                keep[o:o + 2] = True
+            w[:, :, ~keep] = 0x80 if m == 3 and qt == x16.Q6_K else 0xFF
+            w = w.reshape(48, -1)
+            x = np.where(np.arange(768) % 3 == 0, -1.0 if m == 20 else 1.0, 1.0)[None].repeat(m, 0).astype(np.float32)
         out = np.empty((m, 48), np.float32)
         x16.matmul(qt, x16.interleave(qt, w), x, out)
         ref = reference.kquant_dot(qt, w, x)
