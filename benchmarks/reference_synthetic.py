@@ -2,7 +2,7 @@
 tests/agreement/test_reference_synthetic.py compares against.
 
 Each architecture gets a small random-weight file written by specdec.testing.synth (F32 and
-Q8_0 weights; Llama 3.1 with its rope_freqs tensor; qwen3moe and a Mixtral-style llama file
+Q8_0 weights; llama also in IQ4_NL, IQ4_XS and MXFP4, qwen3moe's experts in MXFP4; Llama 3.1 with its rope_freqs tensor; qwen3moe and a Mixtral-style llama file
 with experts, whose router stays F32 as in real files), run through llama.cpp (llama-cpp-python,
 the version of tests/data/reference, built natively): the logits of every position of a
 fixed prompt (logits_all) and a greedy continuation with its margins.  The file itself is not
@@ -38,6 +38,13 @@ MOE = {"qwen3moe": dict(arch="qwen3moe", n_expert=8, n_expert_used=3, d_ff_exp=6
 SPECS.update({f"{name}-{'f32' if qt == F32 else 'q8_0'}": TinySpec(**kw, n_layer=4, qtype=qt, seed=21, n_ctx=256,
                                                                   n_vocab=64, merges=("a a",))
               for name, kw in MOE.items() for qt in (F32, Q8_0)})
+# the 4-bit codebook formats (IQ4_XS's rows need 256 values: a wider model), and MXFP4 experts
+IQ4_NL, IQ4_XS, MXFP4 = 20, 23, 39
+SPECS.update({f"llama-{name}": TinySpec(arch="llama", n_layer=4, qtype=qt, seed=21, n_ctx=256, n_vocab=64,
+                                        d_model=256, d_ff=512, merges=("a a",))
+              for name, qt in (("iq4_nl", IQ4_NL), ("iq4_xs", IQ4_XS), ("mxfp4", MXFP4))})
+SPECS["qwen3moe-mxfp4"] = TinySpec(**MOE["qwen3moe"], n_layer=4, qtype=MXFP4, seed=21, n_ctx=256, n_vocab=64,
+                                   merges=("a a",))
 
 
 def sha256(path: Path) -> str:

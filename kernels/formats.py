@@ -23,10 +23,12 @@ _T = gguf.GGMLQuantizationType
 F32, F16, BF16 = int(_T.F32), int(_T.F16), int(_T.BF16)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0))
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (_T.Q2_K, _T.Q3_K, _T.Q4_K, _T.Q5_K, _T.Q6_K))
+IQ4_NL, IQ4_XS, MXFP4 = (int(t) for t in (_T.IQ4_NL, _T.IQ4_XS, _T.MXFP4))
 
 FLOATS = (F32, F16, BF16)                   # one value per "block"
 LEGACY = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)     # blocks of 32 values
 KQUANTS = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)    # super-blocks of QK_K values
+CODEBOOK = (IQ4_NL, IQ4_XS, MXFP4)          # 4-bit codes into a table of 16 values (iquants.py)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ FORMATS: dict[int, Format] = {
     Q5_1: _format(Q5_1, qh_offset=4, qs_offset=8, has_min=True),
     Q8_0: _format(Q8_0, qs_offset=2, code_offset=128),
     **{qt: _format(qt) for qt in KQUANTS},
+    **{qt: _format(qt) for qt in CODEBOOK},
 }
 
 QK8 = FORMATS[Q8_0].block_size    # 32: values per legacy block (and per Q8_0 / Q8_1 activation block)

@@ -9,6 +9,8 @@ The tests compare the kernels with these bit for bit.
     legacy_parts(qtype, w)          Q4_0 … Q8_0 rows -> signed codes, d, m per block of 32
     legacy_dot(qtype, w, x)         out (M, N) of the legacy × Q8_0/Q8_1 contract (legacy_ir)
     float_dot(w, x)                 out (M, N) of the float-weight contract (32 lanes, fixed tree)
+    iquant_rows(qtype, w)           IQ4_NL / IQ4_XS / MXFP4 rows -> int8 values, scales per group of 32
+    iquant_dot(qtype, w, x)         out (M, N) of their contract (ggml's *_generic order, iquants.py)
     attention(q, k, v, pos, …)      causal grouped-query attention in float64 (attention.py)
     attention_tree(q, k, v, …)      a token tree's attention in float64 (attention_tree.py)
     rms_norm(x, w, eps)             RMSNorm over the last axis in float64 (ops.rms_norm, rms_norm_heads)
@@ -26,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .formats import FORMATS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK_K
+from .formats import FORMATS, IQ4_XS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK_K
 from .q8_act import quantize_q8
 from .q8k import natural_order, quantize_q8_k
 
@@ -189,6 +191,57 @@ def legacy_dot(qtype: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
         if mw is not None:
             t = t + mw[None, :, b] * act.s[:, None, b]
         acc = acc + t
+    return acc
+
+
+_KV = {MXFP4: [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]}
+_KV_NL = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+
+
+def iquant_rows(qtype: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """IQ4_NL / MXFP4 / IQ4_XS rows (N, bytes) -> (values int32 (N, G, 32) from the table, the
+    block scale float32 (N, nb: fp16 d, or E8M0 2^(e-128)), IQ4_XS's ls − 32 int32 (N, nb, 8))."""
+    n = w.shape[0]
+    kv = np.array(_KV.get(qtype, _KV_NL), np.int32)
+    if qtype == IQ4_XS:
+        blk = w.reshape(n, -1, 136)
+        d = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)          # (N, nb)
+        h = blk[:, :, 2].astype(np.int32) | (blk[:, :, 3].astype(np.int32) << 8)
+        g = np.arange(8)
+        lo = (blk[:, :, 4 + g // 2].astype(np.int32) >> (4 * (g % 2))) & 15            # (N, nb, 8)
+        ls = lo | (((h[..., None] >> (2 * g)) & 3) << 4)
+        qs = blk[:, :, 8:].reshape(n, -1, 8, 16)
+        return kv[np.concatenate([qs & 15, qs >> 4], axis=-1)].reshape(n, -1, 32), d, ls - 32
+    size, at = (17, 1) if qtype == MXFP4 else (18, 2)
+    blk = w.reshape(n, -1, size)
+    if qtype == MXFP4:
+        d = (2.0 ** (blk[:, :, 0].astype(np.float64) - 128)).astype(np.float32)         # exact powers of 2
+    else:
+        d = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    qs = blk[:, :, at:]
+    return kv[np.concatenate([qs & 15, qs >> 4], axis=-1)], d, None
+
+
+def iquant_dot(qtype: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """out (M, N) float32 of IQ4_NL / MXFP4 (x as Q8_0) and IQ4_XS (x as Q8_K): per group of
+    32 in order, acc += d·float(isum), d = d_w·d_x (IQ4_XS: (d_w·d_x)·float(ls − 32))."""
+    vals, dw, ls = iquant_rows(qtype, w)                                  # (N, G, 32)
+    x = np.ascontiguousarray(x, np.float32)
+    if qtype == IQ4_XS:
+        xq, xd, _ = quantize_q8_k(x)
+        q = natural_order(xq).reshape(x.shape[0], -1, 32).astype(np.int64)            # (M, G, 32)
+        xd = np.repeat(xd.T, 8, axis=1)                                                # (M, G)
+    else:
+        act = quantize_q8(x)
+        q, xd = act.q.reshape(x.shape[0], -1, 32).astype(np.int64), act.d
+    isum = np.einsum("ngj,mgj->mng", vals.astype(np.int64), q).astype(np.float32)     # exact, (M, N, G)
+    acc = np.zeros((x.shape[0], w.shape[0]), np.float32)
+    for g in range(vals.shape[1]):
+        if qtype == IQ4_XS:
+            d = (dw[None, :, g // 8] * xd[:, None, g]) * ls[None, :, g // 8, g % 8].astype(np.float32)
+        else:
+            d = xd[:, None, g] * dw[None, :, g]
+        acc = acc + d * isum[:, :, g]
     return acc
 
 

@@ -8,6 +8,7 @@ layout made at load from weights in process memory (never a ggml type):
     Q4_0 … Q8_0        the file's rows                    legacy          (tiles: legacy_amx)
     0x100 | Q4_0 …     8-row records, same bytes          repack          (tiles: legacy_amx)
     Q2_K … Q6_K        the file's rows                    kquants
+    IQ4_NL IQ4_XS MXFP4  the file's rows                  iquants
     0x200 | Q4_K …     16-row interleaved records         kquants_x16     (tiles: kquants_x16_amx)
 
 ``KERNELS[id]`` is that id's `Kernel` on this process's instruction path (cpu.py, fixed at
@@ -26,9 +27,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import cpu, kquants, kquants_x16, kquants_x16_amx, legacy, legacy_amx, repack
+from . import cpu, iquants, kquants, kquants_x16, kquants_x16_amx, legacy, legacy_amx, repack
 from .float_act import MATMUL_FLOAT_ACT
-from .formats import FLOATS, KQUANTS, LEGACY
+from .formats import CODEBOOK, FLOATS, KQUANTS, LEGACY
 from .q8k import quantize_q8_k
 
 REPACKED = repack.REPACKED               # legacy qtype -> its 8-row records' id
@@ -105,6 +106,7 @@ def _table(legacy_tiles: bool, x16_tiles: bool) -> list[Kernel]:
     out += [Kernel(INTERLEAVED[qt], qt, kquants_x16.MATMUL[qt], kquants_x16.GET_ROWS[qt],
                    _x16_tiles(qt) if x16_tiles else None, kquants_x16_amx.MIN_M,
                    record_rows=kquants_x16.ROWS, array_rows=kquants_x16.ROWS) for qt in INTERLEAVED]
+    out += [Kernel(qt, qt, iquants.MATMUL[qt], iquants.GET_ROWS[qt]) for qt in CODEBOOK]
     return out
 
 

@@ -20,6 +20,7 @@ import gguf
 
 from fakes import PAIR_FACTORIES
 from specdec.kernels import formats, reference
+from specdec.testing.synth import quantize_iq4
 from specdec.generation.sampling import SamplerParams, probs
 from specdec.speculation.trace import StepRecord
 
@@ -121,6 +122,8 @@ def make_weights(qt, n: int, k: int, rng: np.random.Generator, raw: bool) -> np.
     """
     if qt in FLOATS or not raw:
         vals = (rng.standard_normal((n, k)) * rng.uniform(0.1, 3.0)).astype(np.float32)
+        if qt in (T.IQ4_NL, T.IQ4_XS):                       # gguf.quants has no quantizer for them
+            return quantize_iq4(vals, T(qt))
         return vals.astype(np.float16) if qt == T.F16 else gguf.quants.quantize(vals, qt)
     bb = formats.FORMATS[int(qt)].type_size
     w = rng.integers(0, 256, (n, k // 32, bb), dtype=np.uint8)

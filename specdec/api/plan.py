@@ -22,7 +22,6 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
-from ..kernels.cpu import verify_growth
 from ..speculation import calibration
 from ..speculation.drafters import Drafter, HybridDrafter, ModelDrafter, PredictionDrafter, make_drafter
 from ..speculation.drafters.prediction import SOURCE as PREDICTED
@@ -62,10 +61,11 @@ class DraftPlan:
         o = self.options
         if o.auto and o.tree > 1:
             return make_policy("threshold", SEED_N, SEED_P)
+        growth = calibration.prior().growth
         if o.auto:
-            return make_policy("adaptive", AUTO_N_MAX, growth_prior=verify_growth(), stop_after=AUTO_STOP_AFTER)
+            return make_policy("adaptive", AUTO_N_MAX, growth_prior=growth, stop_after=AUTO_STOP_AFTER)
         return make_policy(o.policy or "threshold", SEED_N if o.n is None else o.n,
-                           SEED_P if o.p is None else o.p, growth_prior=verify_growth())
+                           SEED_P if o.p is None else o.p, growth_prior=growth)
 
     def build(self, params, n_ctx: int) -> tuple[Drafter | None, DraftPolicy | None]:
         """(drafter, policy) for requests on the target; (None, None) for plain decoding."""
@@ -87,7 +87,8 @@ class DraftPlan:
 
     def costs(self) -> Costs:
         """The target's and the draft model's pass costs (calibration.py; cached per process)."""
-        if self._costs is None:
+        if self._costs is None or calibration.stale(self._costs.target) or (
+                self._costs.draft is not None and calibration.stale(self._costs.draft)):
             t, d = self.target, self.options.model
             if calibration.enabled():
                 self._costs = Costs(calibration.costs(t), None if d is None else calibration.costs(

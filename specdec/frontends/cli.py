@@ -8,6 +8,7 @@
     specdec trace-report TRACE.jsonl [-o OUT.png]
     specdec bench [-m MODEL ...] [--pair TARGET:DRAFT ...] [-o DIR]
     specdec serve -m TARGET [-md DRAFT] [--host 127.0.0.1] [--port 8080] [-np N] [-c CTX]
+    specdec calibrate [-m TARGET] [-md DRAFT] [--json]
 
 Every user error is one line on stderr and exit code 2.  Generated text goes to stdout as it
 is produced; progress and the final summary go to stderr so stdout stays pipeable.
@@ -17,13 +18,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from ..models import hub, registry
+from ..models import registry
 from ..kernels import cpu
 from ..engine import prepared
 from .flags import build_parser
+from .calibrate import cmd_calibrate
+from .catalog import cmd_info, cmd_models, cmd_pull
 from .console import COLORS, RESET, detail_lines, summary_line
 from ..errors import ConfigError, SpecdecError
 
@@ -374,11 +376,14 @@ def cmd_bench(a) -> int:
     if a.threads:
         _set_threads(a.threads)
     pairs = []
-    for p in a.pair or ([] if a.no_speculative else [f"{registry.DEFAULT_TARGET}:{registry.DEFAULT_DRAFT}"]):
+    default = ([] if a.no_speculative or getattr(a, "hf_pairs", None)
+               else [f"{registry.DEFAULT_TARGET}:{registry.DEFAULT_DRAFT}"])
+    for p in a.pair or default:
         target, sep, draft = p.partition(":")
         if not (sep and target and draft):
             raise ConfigError(f"--pair takes TARGET:DRAFT, got {p!r}")
         pairs.append((target, draft))
+    pairs += getattr(a, "hf_pairs", [])
     models = [] if a.no_decode else (a.model or bench.DECODE_MODELS)
     from ..speculation.policies import check_draft_n
     for n in a.draft_n:
@@ -391,89 +396,27 @@ def cmd_bench(a) -> int:
     return 0
 
 
-def cmd_info(a) -> int:
-    from ..engine.config import ModelConfig
-    from ..engine.gguf_file import GGUFFile
-    from ..text.tokenizer import Tokenizer
-    path = hub.resolve(a.model, download=False)
-    gf = GGUFFile(path)
-    cfg = ModelConfig.from_gguf(gf)
-    tok = Tokenizer.from_metadata(gf.metadata, str(path))
-    n_params = sum(int(_prod(t.dims)) for t in gf.tensors.values())
-    by_type: Counter = Counter()
-    count: Counter = Counter()
-    for t in gf.tensors.values():
-        by_type[t.type_name] += t.n_bytes
-        count[t.type_name] += 1
-    print(f"file:          {path} ({gf.file_size / 1e6:.1f} MB)")
-    print(f"name:          {gf.get('general.name', '?')}")
-    print(f"architecture:  {cfg.arch}")
-    print(f"parameters:    {n_params / 1e6:.1f} M")
-    print(f"context:       {cfg.n_ctx_train} (trained)")
-    print(f"layers:        {cfg.n_layer}, d_model {cfg.d_model}, heads {cfg.n_head} (kv {cfg.n_head_kv}), "
-          f"head {cfg.d_head}, ffn {cfg.d_ff}")
-    scaling = [f"linear x{1 / cfg.rope_freq_scale:g}"] if cfg.rope_freq_scale != 1.0 else []
-    if "rope_freqs.weight" in gf.tensors:
-        scaling.append("rope_freqs (Llama 3.1 frequency factors)")
-    print(f"rope:          base {cfg.rope_base:g}, dims {cfg.rope_dim}, {'neox' if cfg.rope_type else 'norm'}"
-          f"{', scaling: ' + ', '.join(scaling) if scaling else ''}")
-    if cfg.no_rope_period:
-        print(f"no RoPE:       on layers {', '.join(str(i) for i in range(cfg.n_layer) if not cfg.uses_rope(i))}")
-    if cfg.sliding_window:
-        print(f"sliding window: {cfg.sliding_window} tokens on 5 of every {cfg.swa_period} layers "
-              f"(local RoPE base {cfg.rope_base_local:g})")
-    print(f"runtime:       {_runtime()}")
-    print(f"tokenizer:     {tok.vocab_type} ({gf.get('tokenizer.ggml.model')}, pre {tok.pre!r}), "
-          f"{tok.n_vocab} tokens, BOS {tok.bos_id} (add: {tok.add_bos}), EOS {tok.eos_id}")
-    print("tensor types:")
-    for name, nbytes in by_type.most_common():
-        print(f"  {name:6s} {count[name]:5d} tensors {nbytes / 1e6:10.1f} MB")
-    return 0
-
-
-def _runtime() -> str:
-    """The parallel runtime in one line: Numba's threading layer and how threads are chosen."""
-    import numba
-    from ..engine.threads import describe
-    from ..kernels import threads
-    layer = threads.describe()
-    note = f" ({layer['threading_note']})" if "threading_note" in layer else ""
-    mode = describe()["threads_mode"]                   # 'all threads' | 'adaptive' | 'fixed N'
-    count = {"all threads": "every pass on all", "adaptive": "chosen per pass, up to"}.get(mode, mode + " of")
-    return (f"threading layer {layer['threading_asked']}{note}; threads: {count} "
-            f"{numba.config.NUMBA_NUM_THREADS} (-t N fixes them; SPECDEC_THREADING picks the layer)")
-
-
-def _prod(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
-
-
-def cmd_pull(a) -> int:
-    path = hub.resolve(a.name, download=True, progress=True)
-    print(path)
-    return 0
-
-
-def cmd_models(a) -> int:
-    models = hub.list_models()
-    w_id, w_role = (max(len(m[k]) for m in models) for k in ("id", "role"))
-    for m in models:
-        state = f"cached at {m['path']}" if m["cached"] else "not downloaded"
-        print(f"{m['id']:{w_id}s}  {m['role']:{w_role}s} {m['size'] / 1e6:8.1f} MB  {state}")
-    folders = prepared.listing()
-    if folders:
-        print(f"prepared weights in {prepared.root()} (delete the folder to clear them):")
-        for name, size in folders:
-            print(f"  {name}  {size / 1e6:8.1f} MB")
-    return 0
+def _hf_models(a) -> None:
+    """-hf / -hfd as -m hf://REPO / -md hf://REPO (bench: one more model, or a pair)."""
+    hf, hfd = getattr(a, "hf_repo", None), getattr(a, "hf_repo_draft", None)
+    if a.command == "bench":
+        if hfd and not hf:
+            raise ConfigError("-hfd needs -hf (bench: the pair's target)")
+        if hf and hfd:
+            a.hf_pairs = [(f"hf://{hf}", f"hf://{hfd}")]
+        elif hf:
+            a.model = (a.model or []) + [f"hf://{hf}"]
+        return
+    if hf:
+        a.model = f"hf://{hf}"
+    if hfd:
+        a.draft_model = f"hf://{hfd}"
 
 
 def main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
+        _hf_models(a)
         if getattr(a, "no_prepared", False):
             os.environ[prepared.ENV] = "0"
         try:
@@ -483,7 +426,7 @@ def main(argv=None) -> int:
         try:
             return {"run": cmd_run, "chat": cmd_chat, "check": cmd_check, "info": cmd_info, "pull": cmd_pull,
                     "models": cmd_models, "trace-report": cmd_trace_report, "bench": cmd_bench,
-                    "serve": cmd_serve}[a.command](a)
+                    "serve": cmd_serve, "calibrate": cmd_calibrate}[a.command](a)
         finally:
             _save_suffix_store(a)
     except SpecdecError as e:

@@ -52,12 +52,22 @@ def _add_run_flags(p: argparse.ArgumentParser, serve: bool = False) -> None:
     _add_prompt_flags(p)
 
 
+def _add_hf_flags(g) -> None:
+    """-hf / -hfd (llama.cpp's): a Hugging Face repository's GGUF in place of -m / -md."""
+    g.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", default=None, metavar="REPO[:QUANT]",
+                   help="target from a Hugging Face repository (huggingface_hub's cache; QUANT picks "
+                        "the file, default Q4_K_M); -m also takes hf://REPO[:QUANT] and ollama:NAME[:TAG]")
+    g.add_argument("-hfd", "-hfrd", "--hf-repo-draft", dest="hf_repo_draft", default=None,
+                   metavar="REPO[:QUANT]", help="draft model from a Hugging Face repository")
+
+
 def _add_model_flags(g) -> None:
     """-m, -md and how the draft drafts (llama-cli / llama-server names)."""
     g.add_argument("-m", "--model", default=registry.DEFAULT_TARGET, metavar="FNAME",
                    help=f"target model: a GGUF path or a known id (default: {registry.DEFAULT_TARGET})")
     g.add_argument("-md", "--draft-model", "--model-draft", default=None, metavar="FNAME",
                    help="draft model (path or known id) for speculative decoding")
+    _add_hf_flags(g)
     g.add_argument("--draft-n", "--draft-max", "--spec-draft-n-max", dest="draft_n", type=int, default=None,
                    metavar="N",
                    help=f"tokens drafted per step, 1..{DRAFT_N_MAX} (5 when --draft-p or --draft-policy "
@@ -289,6 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shift", type=float, default=0.05,
                    help="the alternative the power is stated against: this much of p's mass moved "
                         "from its most likely token to the next (default: 0.05)")
+    p = sub.add_parser(
+        "calibrate", help="measure what each pass size costs here (the drafting plan's table)",
+        formatter_class=fmt, usage="specdec calibrate [-m MODEL] [-md DRAFT] [--json] [load flags]",
+        description="Time passes of 1..17 rows and a prompt pass of the target (and the draft),\n"
+                    "loaded as `specdec run` would with the same flags; write the calibration\n"
+                    "the defaults read and print t(M)/t(1).  docs/speculative.md, \"What a pass costs\".")
+    _add_run_flags(p)
+    p.add_argument("--json", action="store_true", help="print the tables as JSON")
     p = sub.add_parser("trace-report", help="plot a speculative trace (--trace FILE.jsonl) as a PNG",
                        description="Acceptance by draft position, the distribution of p/q, tokens "
                                    "per step and predicted vs measured acceptance, as one PNG. "
@@ -303,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Needs matplotlib (pip install 'specdec[bench]').")
     p.add_argument("-m", "--model", nargs="+", default=None, metavar="MODEL",
                    help="models for the decode benchmark (default: the four known models)")
+    _add_hf_flags(p)
     p.add_argument("--pair", action="append", default=None, metavar="TARGET:DRAFT",
                    help=f"a speculative pair, repeatable (default: {registry.DEFAULT_TARGET}:{registry.DEFAULT_DRAFT})")
     p.add_argument("-o", "--out", default=None, metavar="DIR",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Iterator, Mapping
 
 from ..errors import SpecdecError
+from . import hf, ollama
 from .registry import KNOWN_MODELS, ModelSource
 
 try:  # POSIX advisory locks; elsewhere the atomic rename is the only guard.
@@ -79,12 +80,17 @@ def resolve(
     """Turn a file path or a known model name into the path of a GGUF file.
 
     An existing file wins; a known id or alias gives the cached file, pulled
-    first if missing and ``download`` is true.
+    first if missing and ``download`` is true; ``hf://REPO[:QUANT]`` a Hugging Face
+    repository's GGUF (hf.py), ``ollama:NAME[:TAG]`` an Ollama store's blob (ollama.py).
     """
     text = os.fspath(name_or_path)
     path = Path(text).expanduser()
     if path.is_file():
         return path
+    if text.startswith(hf.PREFIX):
+        return hf.resolve(text, progress=progress, local_only=not download)
+    if text.startswith(ollama.PREFIX):
+        return ollama.resolve(text)
     src = _lookup(text, sources)
     if src is None:
         if path.is_dir():

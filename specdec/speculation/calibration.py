@@ -1,10 +1,12 @@
 """What a model's passes cost on this host, measured once and kept next to the model cache.
 
-The drafting plan (plan.py) predicts tokens per second from three figures per model: the
-seconds of a one-row pass (a decode step), what each extra row of a pass adds as a fraction of
-it (the verification rows: `growth`), and the seconds per token of a prompt pass.  They are
-measured by `measure` (a few passes over a fresh session, after a warm-up so that no
-compilation is timed) and cached as JSON:
+The drafting plan (plan.py) predicts tokens per second from three things per model: the
+seconds of a one-row pass (a decode step), a table of what a pass of M rows costs relative to
+it, t(M) / t(1) for every verification size the plan may ask for (M = 1..TABLE_ROWS: not a
+slope, since on some hosts the curve is convex), and the seconds per token of a prompt pass.
+They are measured by `measure` (passes of the sizes in MEASURED_ROWS over a fresh session,
+after a warm-up so that no compilation is timed; the sizes between them interpolated) and
+cached as JSON:
 
     <cache>/calibration/<file stem>-<key>.json
 
@@ -12,9 +14,15 @@ key = SHA-256 of the model file's path, size and mtime, how it was loaded (requa
 the logits a session computes), the host's CPU (model name and SIMD flags), the kernels' path
 (SPECDEC_KERNELS) and CALIBRATION_VERSION.  A file whose key, version
 or fields do not check out is measured again and rewritten (written under a temporary name and
-renamed: atomic).  Until a model is calibrated — and when SPECDEC_CALIBRATE=0 — `prior` gives
-a sane stand-in: this host's kernel path's verify growth (kernels.cpu.verify_growth) and a
-prompt pass at 0.2 of a row per token.
+renamed: atomic).  `Drift` watches the verification passes a request really makes: when they
+drift from the table by more than DRIFT_MARGIN for DRIFT_STEPS steps in a row (either way),
+the calibration is dropped and measured again at the next request.
+
+Until a model is calibrated — and when SPECDEC_CALIBRATE=0 — `prior` gives a stand-in: this
+host's kernel path's table (PRIORS) and a prompt pass at 0.2 of a row per token.
+SPECDEC_PASS_COSTS=NAME|t2,t3,... (a debug override, docs/speculative.md) replaces every
+model's table by a profile of PRIORS or by the given t(M)/t(1) for M = 2, 3, ...: it simulates
+another host's costs (the tests pin it), and it turns calibration off.
 """
 from __future__ import annotations
 
@@ -23,34 +31,77 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
+from ..errors import ConfigError
 from ..kernels import cpu
 
-CALIBRATION_VERSION = 2    # 2: the interleaved K-quants and their tiles (costs measured before are stale)
+CALIBRATION_VERSION = 3    # 3: a table t(M) per pass size (2: one slope; its files are stale)
 ENV = "SPECDEC_CALIBRATE"       # "0" / "off" / "false": never measure, use the prior
-ROWS = 8                        # the widest verification pass measured
+OVERRIDE = "SPECDEC_PASS_COSTS"  # debug: a profile name or t(2),t(3),... in place of every table
+TABLE_ROWS = 17                 # the table covers passes of 1..17 rows (a draft of up to 16)
+MEASURED_ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 17)   # the sizes timed; the rest interpolated
 PROMPT_ROWS = 64                # the prompt pass measured
 PREFILL_PRIOR = 0.2             # a prompt token's cost, in one-row passes, until measured
-REPEATS = 3
+REPEATS = 2                     # timed rounds after the untimed one; the fastest of each size kept
+DRIFT_MARGIN = 0.5              # a verification pass off its table entry by over x1.5 or under /1.5 ...
+DRIFT_STEPS = 32                # ... in this many steps in a row: measure again
+
+
+def _linear(g: float) -> tuple[float, ...]:
+    return tuple(1.0 + g * m for m in range(TABLE_ROWS))
+
+
+def _points(points: dict[int, float]) -> tuple[float, ...]:
+    """A table over 1..TABLE_ROWS from measured sizes, linear between them."""
+    ms = sorted(points)
+    return tuple(round(float(v), 4) for v in np.interp(np.arange(1, TABLE_ROWS + 1), ms, [points[m] for m in ms]))
+
+
+# t(M) / t(1) of a few hosts: the priors and the override's names.  zen3 is Qwen2.5-Coder-1.5B
+# Q4_K_M on a 2-core AMD EPYC Zen 3 (AVX2 only), the mean of two rounds (../shared/data/zen3 of
+# the release measured there; docs/speculative.md, "What a pass costs").
+PROFILES = {
+    "cheap": _linear(0.05),           # many rows on matrix tiles (AMX)
+    "vnni": _linear(0.09),            # AVX-512 VNNI, Intel Xeon
+    "zen3": _points({1: 1.0, 2: 1.61, 3: 2.02, 4: 3.58, 6: 5.80, 8: 6.69, 9: 7.69, 12: 9.94,
+                     16: 12.99, 17: 11.97}),
+    "portable": _linear(1.0),         # no SIMD kernel: every row pays in full
+}
+HOST_PRIOR = {"vnni512": "vnni", "avx2": "zen3", "portable": "portable"}
 
 
 @dataclass(frozen=True)
 class PassCosts:
-    """One model's pass costs on this host (seconds; growth a fraction of row_s per extra row)."""
+    """One model's pass costs on this host (seconds; table and growth relative to row_s)."""
     row_s: float                # one-row pass (decode step)
-    growth: float               # (t(M) - t(1)) / ((M - 1) t(1)), over M = 1..ROWS
+    growth: float               # (t(9) / t(1) - 1) / 8: the table's mean slope, for reading; no table: a line
     prefill_tok_s: float        # seconds per token of a PROMPT_ROWS-token prompt pass
     measured: bool = False      # False: the prior
+    table: tuple[float, ...] = ()   # t(M) / t(1) for M = 1..len(table); (): 1 + growth (M - 1)
+    key: str = field(default="", compare=False)   # the cache key it was measured under ('': not cached)
+
+    def rel(self, m: int) -> float:
+        """t(m) / t(1): the table's entry, extended past its end by its last step."""
+        t = self.table
+        if m <= 1:
+            return 1.0
+        if len(t) < 2:
+            return 1.0 + self.growth * (m - 1)
+        if m <= len(t):
+            return t[m - 1]
+        return t[-1] + (m - len(t)) * max(t[-1] - t[-2], (t[-1] - 1.0) / (len(t) - 1), 0.0)
 
     def verify_s(self, n: int) -> float:
         """Seconds of a verification pass over n drafted tokens (n + 1 rows)."""
-        return self.row_s * (1.0 + self.growth * n)
+        return self.row_s * self.rel(n + 1)
 
     def to_json(self, key: str) -> str:
-        return json.dumps({"version": CALIBRATION_VERSION, "key": key, **asdict(self)})
+        return json.dumps({**asdict(self), "version": CALIBRATION_VERSION, "key": key})
 
     @classmethod
     def from_json(cls, text: str, key: str) -> "PassCosts | None":
@@ -60,21 +111,53 @@ class PassCosts:
             if d.get("version") != CALIBRATION_VERSION or d.get("key") != key:
                 return None
             got = cls(**{f.name: d[f.name] for f in fields(cls)})
+            got = cls(**{**asdict(got), "table": tuple(float(v) for v in got.table)})
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
         ok = all(isinstance(v, (int, float)) and v == v and v >= 0 for v in
-                 (got.row_s, got.growth, got.prefill_tok_s)) and got.row_s > 0
-        return got if ok else None
+                 (got.row_s, got.growth, got.prefill_tok_s, *got.table)) and got.row_s > 0
+        return got if ok and len(got.table) != 1 else None
+
+    @classmethod
+    def of_table(cls, row_s: float, table: tuple[float, ...], prefill_tok_s: float,
+                 measured: bool = False, key: str = "") -> "PassCosts":
+        return cls(row_s, round((table[8] - 1.0) / 8, 4), prefill_tok_s, measured, tuple(table), key)
+
+
+def override() -> tuple[float, ...] | None:
+    """The table SPECDEC_PASS_COSTS names (module docstring), None when unset."""
+    v = os.environ.get(OVERRIDE, "").strip().lower()
+    if not v:
+        return None
+    if v in PROFILES:
+        return PROFILES[v]
+    try:
+        rest = [float(x) for x in v.split(",")]
+    except ValueError:
+        rest = []
+    if not rest or not all(x >= 1.0 and x == x and x < 1e6 for x in rest):
+        raise ConfigError(f"{OVERRIDE}={v!r}: a profile ({', '.join(PROFILES)}) or t(2),t(3),... each >= 1")
+    return _points({1: 1.0, **{m + 2: x for m, x in enumerate(rest)}}) if len(rest) > 1 else _linear(rest[0] - 1.0)
+
+
+def host_table() -> tuple[float, ...]:
+    """The table until measured: the override's, else this host's kernel path's prior."""
+    pinned = override()
+    if pinned is not None:
+        return pinned
+    kind = "vnni512" if cpu.have_vnni512() else "avx2" if cpu.have_avx2() else "portable"
+    return PROFILES[HOST_PRIOR[kind]]
 
 
 def prior(row_s: float = 1.0) -> PassCosts:
     """The stand-in before a model is calibrated (module docstring); row_s in any unit: only
-    ratios between two models' priors matter, see plan.Costs.of."""
-    return PassCosts(row_s, cpu.verify_growth(), PREFILL_PRIOR * row_s, measured=False)
+    ratios between two models' priors matter, see plan.Costs.prior."""
+    return PassCosts.of_table(row_s, host_table(), PREFILL_PRIOR * row_s)
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    return (os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+            and override() is None)
 
 
 def root() -> Path:
@@ -98,26 +181,54 @@ def cache_path(path: str, key: str) -> Path:
 
 
 _MEMO: dict[str, PassCosts] = {}        # key -> costs read or measured in this process
+_DRIFT: dict[str, int] = {}             # key -> verification passes off the table in a row
+_STALE: set[str] = set()                # keys dropped by drift (measured again when next asked)
 
 
 def costs(model: Any, measure_fn: "Callable[[Any], PassCosts] | None" = None,
-          n_logits: int | None = None) -> PassCosts:
+          n_logits: int | None = None, fresh: bool = False) -> PassCosts:
     """The model's pass costs on this host (sessions computing n_logits logits; None: all):
     from the cache (this process's, then the file), else measured now and written; the prior
-    when calibration is off or the model has no file."""
+    when calibration is off or the model has no file.  fresh: measure again whatever is cached."""
     path = getattr(model, "path", None)
     if not enabled() or not path or not os.path.exists(path):
         return prior()
     key = cache_key(path, f"{getattr(model, 'requant', None)}|{n_logits}")
-    if key in _MEMO:
+    if key in _MEMO and not fresh:
         return _MEMO[key]
     file = cache_path(path, key)
-    got = PassCosts.from_json(file.read_text(encoding="utf-8"), key) if file.exists() else None
+    got = PassCosts.from_json(file.read_text(encoding="utf-8"), key) if file.exists() and not fresh else None
     if got is None:
         got = measure_fn(model) if measure_fn is not None else measure(model, n_logits=n_logits)
+        got = PassCosts(**{**asdict(got), "key": key})
         _write(file, got.to_json(key))
     _MEMO[key] = got
+    _STALE.discard(key)
     return got
+
+
+def drifted(c: PassCosts, n_drafted: int, seconds: float) -> bool:
+    """A verification pass over n_drafted tokens took `seconds`: True when this is the
+    DRIFT_STEPS-th pass in a row off the table by more than DRIFT_MARGIN either way, and then
+    the calibration is dropped (memo and file) so that the next request measures again."""
+    if not c.measured or not c.key or seconds <= 0:
+        return False
+    r = seconds / max(c.verify_s(n_drafted), 1e-12)
+    off = r > 1.0 + DRIFT_MARGIN or r < 1.0 / (1.0 + DRIFT_MARGIN)
+    _DRIFT[c.key] = _DRIFT.get(c.key, 0) + 1 if off else 0
+    if _DRIFT[c.key] < DRIFT_STEPS:
+        return False
+    _DRIFT[c.key] = 0
+    _MEMO.pop(c.key, None)
+    _STALE.add(c.key)
+    for f in root().glob(f"*-{c.key}.json"):
+        f.unlink(missing_ok=True)
+    return True
+
+
+def stale(c: PassCosts) -> bool:
+    """Dropped by drift since it was read: ask `costs` again."""
+    return c.key in _STALE
 
 
 def _write(file: Path, text: str) -> None:
@@ -132,26 +243,27 @@ def _write(file: Path, text: str) -> None:
 
 
 def measure(model: Any, clock: Callable[[], float] = time.perf_counter, n_logits: int | None = None) -> PassCosts:
-    """Time passes of 1 and ROWS rows after a PROMPT_ROWS-token context, and that prompt pass
-    (the median of REPEATS each, after one untimed round: compilation is never timed)."""
+    """Time a pass of each of MEASURED_ROWS rows after a PROMPT_ROWS-token context, and that
+    prompt pass (the fastest of REPEATS rounds, after one untimed round: compilation is never
+    timed); the table interpolates the sizes between."""
     n_vocab = int(model.config.n_vocab)
-    ids = [(7 + 31 * i) % n_vocab for i in range(PROMPT_ROWS + ROWS)]
-    s = model.session(PROMPT_ROWS + ROWS + 1, n_logits=n_logits)
+    top = max(MEASURED_ROWS)
+    ids = [(7 + 31 * i) % n_vocab for i in range(PROMPT_ROWS + top)]
+    s = model.session(PROMPT_ROWS + top + 1, n_logits=n_logits)
 
     def timed(tokens: list[int], at: int) -> float:
         s.truncate(at)
         t0 = clock()
-        s.eval(tokens, last_only=len(tokens) > ROWS)
+        s.eval(tokens, last_only=len(tokens) > top)
         return clock() - t0
 
     s.reset()
-    rounds = []
-    for _ in range(REPEATS + 1):
-        pp = timed(ids[:PROMPT_ROWS], 0)
-        one = timed(ids[PROMPT_ROWS:PROMPT_ROWS + 1], PROMPT_ROWS)
-        wide = timed(ids[PROMPT_ROWS:], PROMPT_ROWS)
-        rounds.append((pp, one, wide))
-    pp, one, wide = (sorted(r[i] for r in rounds[1:])[REPEATS // 2] for i in range(3))
-    one = max(one, 1e-9)
-    growth = max(0.0, (wide / one - 1.0) / (ROWS - 1))
-    return PassCosts(one, growth, pp / PROMPT_ROWS, measured=True)
+    best: dict[int, float] = {}
+    for r in range(REPEATS + 1):
+        got = {0: timed(ids[:PROMPT_ROWS], 0)}
+        got.update({m: timed(ids[PROMPT_ROWS:PROMPT_ROWS + m], PROMPT_ROWS) for m in MEASURED_ROWS})
+        if r > 0:
+            best = {m: min(v, best.get(m, v)) for m, v in got.items()}
+    one = max(best[1], 1e-9)
+    table = _points({m: max(best[m] / one, 1.0) for m in MEASURED_ROWS})
+    return PassCosts.of_table(one, table, best[0] / PROMPT_ROWS, measured=True)

@@ -1,13 +1,13 @@
 """The drafting plan's cost model: predicted tokens per second of a whole request, per way of
 drafting it, and the per-step length policy that keeps predicting as acceptance is counted.
 
-p is always the target's distribution, q the draft's.  With a the target's one-row pass, b = g·a
-what each extra verification row adds (calibration.PassCosts.growth, this host's, measured), d
-the draft model's step, and the prompt passes pp_t (target) and pp_d (draft) per token, a
-request of P prompt tokens and N new ones takes
+p is always the target's distribution, q the draft's.  With a the target's one-row pass, v(n) =
+a·t(n+1)/t(1) a verification pass over n drafted tokens (calibration.PassCosts's table, this
+host's, measured per pass size), d the drafter's step, and the prompt passes pp_t (target) and
+pp_d (draft) per token, a request of P prompt tokens and N new ones takes
 
     plain     P·pp_t + N·a
-    drafting  P·pp_t + W·pp_d + N / R       R = max_n E(n) / (n·d + a + b·n)
+    drafting  P·pp_t + W·pp_d + N / R       R = max_n E(n) / (n·d + v(n)),  n = 0 (plain: a) included
 
 with E(n) = (1 - alpha^(n+1)) / (1 - alpha) (Leviathan et al. 2023) at the draft model's
 acceptance — measured so far in this process on unseeded requests (`Ledger`), the prior
@@ -16,14 +16,18 @@ model sees the last W prompt tokens only, W the largest that costs at most WINDO
 what drafting is predicted to save (WINDOW_MIN..WINDOW_MAX; no model at all when even
 WINDOW_MIN does not pay: then the free drafters alone).  The free drafters (prompt lookup,
 the suffix store, a prediction) cost nothing when they do not match, so they are always on
-offer, and they alone draft the first tokens of an answer: at least WAIT_TOKENS, and as
-many as it takes for the saving forgone to equal the window's prompt pass (ski rental:
-never worse than twice the best wait in hindsight), so the draft's prompt pass never delays
-the first token and a short answer (a RAG reply of a few words) never pays it.  `choose` returns the Choice and why.
+offer; what they draft is priced like the model's, by the verification rows it costs, so a
+step drafts only where E(n) / T(n) beats a plain step, and they alone draft the first tokens
+of an answer: at least WAIT_TOKENS, and as many as it takes for the saving forgone to equal
+the window's prompt pass (ski rental: never worse than twice the best wait in hindsight), so
+the draft's prompt pass never delays the first token and a short answer (a RAG reply of a few
+words) never pays it.  `choose` returns the Choice and why.
 
 Per step, `PlannedLength` (an AdaptiveLength) picks n in 0..n_max for the coming step's key
 by the same E(n) / T(n) from the acceptance counted so far per key and position, starting
-from the calibrated costs rather than from a fixed n.  counts=True (a seeded request): the
+from the calibrated costs rather than from a fixed n; n = 0 (a plain step) whenever no length
+pays, from the first step on.  Its verify line is fitted over the table's shape (v(n) = a +
+b·(t(n+1)/t(1) - 1), prior b = a), so that a convex host stays convex as it learns.  counts=True (a seeded request): the
 costs it learns are the calibrated model's, not the clock's, so its choices — and with them a
 sampled request's tokens — are a function of the counts alone; counts=False (unseeded): the
 measured draft and verify times replace them as they come (timing-driven adaptation).
@@ -33,12 +37,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from . import calibration
 from .calibration import PassCosts, prior
 from .policies import AdaptiveLength, StepFeedback, expected_tokens
 
 FREE = ("prediction", "suffix", "prompt-lookup")    # drafters that cost ~nothing per step
 FREE_DRAFT = 0.01         # a free drafter's step, in target one-row passes
 MODEL_ALPHA = {True: 0.75, False: 0.6}   # the draft model's prior acceptance, greedy / sampled
+FREE_ALPHA = {"prediction": 0.9}         # a free drafter's prior acceptance (others: AdaptiveLength's)
 WINDOW_MIN, WINDOW_MAX = 32, 512         # the draft model's prompt window, tokens
 WINDOW_SHARE = 0.3        # at most this share of the predicted saving goes to the draft's prompt pass
 WAIT_TOKENS = 16          # the draft model drafts once the answer has at least this many tokens (free drafters before)
@@ -143,7 +149,9 @@ class Choice:
 def model_rate(costs: Costs, alpha: float, n_max: int) -> tuple[float, int]:
     """(R, n): tokens per target one-row pass the model's drafting predicts at acceptance alpha,
     and the draft length that gets it (R < 1: drafting loses to plain)."""
-    n, r = _best(alpha, costs.c, 1.0, costs.target.growth, 1, n_max)
+    t = costs.target
+    n, r = _best(alpha, costs.c * t.row_s, t, 1, n_max)
+    r *= t.row_s
     return (r, n) if r > 1.0 else (1.0, 0)
 
 
@@ -168,7 +176,7 @@ def choose(inp: PlanInput, costs: Costs, n_max: int = 8) -> Choice:
         w = int(min(WINDOW_SHARE * saved / per_tok, WINDOW_MAX, max(inp.prompt_len, 1)))
         how = (f"draft model {r:.2f}x per step at n {n}, alpha {alpha:.2f}"
                f"{' prior' if inp.alpha_model is None else ' so far'} "
-               f"(c {costs.c:.2f}, growth {t.growth:.2f}, {'measured' if t.measured else 'prior'})")
+               f"(c {costs.c:.2f}, 9 rows {t.rel(9):.2f}x one, {'measured' if t.measured else 'prior'})")
         # ski rental: the model waits until the saving forgone equals its window's prompt pass,
         # so an answer that ends sooner (a short RAG or translation reply) never pays for it
         wait = max(WAIT_TOKENS, math.ceil(min(max(w, 1) * per_tok / max(per_saved, 1e-12), 1e9)))
@@ -198,7 +206,9 @@ class PlannedLength(AdaptiveLength):
 
     def __init__(self, costs: Costs, n_max: int, *, counts: bool, alpha_model: float = 0.75,
                  ledger: Ledger | None = None, **adaptive):
-        super().__init__(n_max=n_max, growth_prior=costs.target.growth, **adaptive)
+        adaptive.pop("n_min", None)
+        super().__init__(n_max=n_max, n_min=0, growth_prior=1.0,
+                         shape=tuple(costs.target.rel(m) for m in range(1, n_max + 2)), **adaptive)
         self.costs, self.counts, self.alpha_model = costs, bool(counts), float(alpha_model)
         self.ledger = None if counts else ledger      # counts: what ran before never matters
         self.reason = ""
@@ -219,10 +229,10 @@ class PlannedLength(AdaptiveLength):
         e = self._est.get(key) if key is not None else None
         a = self.costs.target.row_s
         if e is None or e.draft_s is None or self._verify.w <= 0.0:
-            alpha = self.alpha_model if self.kind(key) == "model" else self.alpha_prior
-            d = self.costs.draft_s(self.kind(key))
-            n, rate = _best(alpha, d, a, self.growth_prior * a, self.n_min, self.n_max)
-            self.reason = f"{key}: n {n} from the prior (alpha {alpha:.2f}, {rate / a:.2f}x plain predicted)"
+            kind = self.kind(key)
+            alpha = self.alpha_model if kind == "model" else FREE_ALPHA.get(kind, self.alpha_prior)
+            n, rate = _best(alpha, self.costs.draft_s(kind), self.costs.target, 0, self.n_max)
+            self.reason = f"{key}: n {n} from the prior (alpha {alpha:.2f}, {rate * a:.2f}x plain predicted)"
             return n
         n = super()._choose()
         self.reason = f"{key}: n {n} (alpha {e.alpha:.2f} over {e.n_verified} verified)"
@@ -235,6 +245,8 @@ class PlannedLength(AdaptiveLength):
         if self.counts:                     # the calibrated costs, never the clock's
             fb = replace(fb, draft_s=fb.n_drafted * self.costs.draft_s(kind),
                          verify_s=self.costs.target.verify_s(fb.n_drafted))
+        elif fb.routing is None:            # the clock: a table that no longer holds is measured again
+            calibration.drifted(self.costs.target, fb.n_drafted, fb.verify_s)
         super().observe(fb)
 
 
@@ -243,11 +255,12 @@ def _time(seconds: float, t: PassCosts) -> str:
     return f"{seconds:.2f} s" if t.measured else f"{seconds / t.row_s:.1f} target steps"
 
 
-def _best(alpha: float, d: float, a: float, b: float, n_min: int, n_max: int) -> tuple[int, float]:
-    """(n, tokens per second) maximising E(n) / (n·d + a + b·n) over n_min..n_max."""
+def _best(alpha: float, d: float, t: PassCosts, n_min: int, n_max: int) -> tuple[int, float]:
+    """(n, tokens per second) maximising E(n) / (n·d + v(n)) over n_min..n_max, v the target's
+    verification pass from its table (n = 0: a plain step, 1 / a)."""
     best = (n_min, -1.0)
     for n in range(n_min, n_max + 1):
-        rate = expected_tokens(alpha, n) / max(n * d + a + b * n, 1e-12)
+        rate = expected_tokens(alpha, n) / max(n * d + t.verify_s(n), 1e-12)
         if rate > best[1] * (1 + 1e-12):
             best = (n, rate)
     return best

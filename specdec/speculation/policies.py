@@ -199,13 +199,15 @@ class AdaptiveLength(DraftPolicy):
     pays, and then stays for that key (None: never below n_min); p_min: a model drafter's
     confidence floor inside each draft, as Threshold's (0: none); expert_growth_prior: an MoE
     target's assumed cost of k newly woken experts per layer (fraction of a one-row pass;
-    docs/speculative.md, "Speculation over experts", measured it)."""
+    docs/speculative.md, "Speculation over experts", measured it); shape: t(n+1) / t(1) for
+    n = 0..n_max, a host's measured pass costs (calibration.PassCosts), fitted as v(n) = a +
+    b·(shape[n] - 1) in place of the line a + b·n (growth_prior then in shape's units)."""
 
     def __init__(self, n_max: int = DRAFT_N_MAX, n_min: int = 1, n_init: int = 4,
                  alpha_prior: float = 0.6, alpha_decay: float = 0.05, cost_decay: float = 0.1,
                  growth_prior: float = 0.05, prior_weight: float = 0.5,
                  stop_after: int | None = None, p_min: float = 0.0,
-                 expert_growth_prior: float = 0.95):
+                 expert_growth_prior: float = 0.95, shape: tuple[float, ...] | None = None):
         check_draft_n(n_max)
         check_draft_p(p_min)
         if not 0 <= n_min <= n_max:
@@ -222,6 +224,7 @@ class AdaptiveLength(DraftPolicy):
         self.alpha_prior, self.alpha_decay, self.cost_decay = alpha_prior, alpha_decay, cost_decay
         self.growth_prior, self.prior_weight = float(growth_prior), float(prior_weight)
         self.expert_growth_prior = float(expert_growth_prior)
+        self.shape = tuple(shape) if shape else None
         self.reset()
 
     def reset(self) -> None:
@@ -243,7 +246,7 @@ class AdaptiveLength(DraftPolicy):
         """The verify cost's regressor for n drafted tokens: n, or for an MoE target the new
         experts beyond one row's, in units of k."""
         if self._routing is None:
-            return float(n)
+            return self.shape[n] - 1.0 if self.shape is not None and n < len(self.shape) else float(n)
         k = self._routing[1]
         return ((self.woken(n + 1) if woken is None else woken) - k) / k
 
@@ -322,7 +325,8 @@ class AdaptiveLength(DraftPolicy):
             out[src] = {"alpha": e.alpha, "verify_a_s": a,
                         "c": (e.draft_s / a) if (e.draft_s is not None and line) else None,
                         "growth": b / a if line else None,
-                        "growth_per": "row" if self._routing is None else "k new experts",
+                        "growth_per": ("k new experts" if self._routing is not None
+                                       else "row" if self.shape is None else "t(n+1)/t(1) - 1"),
                         "n_steps": e.n_steps, "n_verified": e.n_verified}
         return out
 

@@ -10,6 +10,8 @@ your decoding scheme.  Importable without pytest; hypothesis is needed by `strat
                                                   Drafter (subclass) on tiny models
     enumerate_outcomes(run), PathRng               the enumeration underneath (law.py)
     strategies                                     hypothesis strategies (strategies.py)
+    replay                                         the drafting plan replayed over recorded
+                                                  requests at injected pass costs (replay.py)
 
 Every check compares speculative generation with plain generation of the same target; an
 AssertionError names the smallest counterexample found.  docs/testing.md has a walk-through,

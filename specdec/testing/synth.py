@@ -101,6 +101,46 @@ def _random_kquant(rng, n_out: int, n_in: int, qt: T, std: float, centered: bool
     return raw.reshape(n_out, -1)
 
 
+_KV_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def _nearest(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The codes u (uint8) whose table values times scale are nearest x (scale 0: code of 1)."""
+    safe = np.where(scale == 0, np.float32(1), scale)
+    return np.abs(x[..., None] / safe[..., None] - _KV_IQ4NL).argmin(axis=-1).astype(np.uint8)
+
+
+def _nibbles(u: np.ndarray) -> np.ndarray:
+    """codes (..., 32) -> bytes (..., 16): value j in the low nibble, j + 16 in the high one."""
+    return (u[..., :16] | (u[..., 16:] << 4)).astype(np.uint8)
+
+
+def quantize_iq4(x: np.ndarray, qt: T) -> np.ndarray:
+    """float32 (N, K) -> IQ4_NL or IQ4_XS rows (gguf.quants has no quantizer for them): each
+    group of 32 scaled so that its value of largest |x| meets the table's end (-127), the
+    codes nearest; IQ4_XS's group scales as 6-bit multiples of one fp16 d per 256 values."""
+    n, k = x.shape
+    g = x.reshape(n, -1, 32)                                               # (N, G, 32)
+    big = np.take_along_axis(g, np.abs(g).argmax(axis=-1)[..., None], -1)[..., 0]
+    s = (big / -127.0).astype(np.float32)                                  # (N, G) the group scales
+    if qt == T.IQ4_NL:
+        d = s.astype(np.float16)
+        u = _nearest(g, d.astype(np.float32)[..., None])
+        return np.concatenate([d[..., None].view(np.uint8), _nibbles(u)], axis=-1).reshape(n, -1)
+    s8 = s.reshape(n, -1, 8)                                               # (N, nb, 8)
+    top = np.take_along_axis(s8, np.abs(s8).argmax(axis=-1)[..., None], -1)[..., 0]
+    d = (top / -32.0).astype(np.float16)                                   # (N, nb)
+    df = d.astype(np.float32)[..., None]
+    ls = np.clip(np.round(s8 / np.where(df == 0, 1, df)) + 32, 0, 63).astype(np.int32)
+    u = _nearest(g.reshape(n, -1, 8, 32), (df * (ls - 32))[..., None].astype(np.float32))
+    h = (((ls >> 4) & 3) << (2 * np.arange(8))).sum(axis=-1).astype(np.uint16)         # (N, nb)
+    lo = (ls & 15).astype(np.uint8)
+    out = np.concatenate([d[..., None].view(np.uint8), h[..., None].view(np.uint8),
+                          (lo[..., 0::2] | (lo[..., 1::2] << 4)).astype(np.uint8),
+                          _nibbles(u).reshape(n, -1, 128)], axis=-1)       # (N, nb, 136)
+    return out.reshape(n, -1)
+
+
 def llama3_rope_factors(d_head: int, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
                         n_ctx_orig: int = 8192, base: float = 10000.0) -> np.ndarray:
     """(d_head/2,) float32 rope_freqs as the GGUF converter computes them for Llama 3.1
@@ -174,7 +214,8 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
             raw = _random_kquant(rng, n_out, n_in, qt, std, spec.centered)
             w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
         else:
-            raw = gguf.quants.quantize(x, qt)
+            raw = (quantize_iq4(x.reshape(-1, n_in), qt).reshape(*lead, n_out, -1) if qt in (T.IQ4_NL, T.IQ4_XS)
+                   else gguf.quants.quantize(x, qt))
             w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
 
     def vec(name, n, around=1.0, std=0.1):

@@ -58,8 +58,8 @@ def test_unknown_architecture(tmp_path):
     _one_line(e.value, "mamba.gguf", "unknown architecture 'mamba'")
 
 
-def _rewrite_without(src, dst, drop: str | None = None, retype: str | None = None):
-    """Copy a GGUF file, dropping one tensor or storing one as IQ4_NL (unsupported)."""
+def _rewrite_without(src, dst, drop: str | None = None, retype: str | None = None, as_type=T.IQ2_XXS):
+    """Copy a GGUF file, dropping one tensor or storing one as `as_type` (one we lack)."""
     r = gguf.GGUFReader(str(src))
     w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
     for k, f in r.fields.items():
@@ -75,8 +75,9 @@ def _rewrite_without(src, dst, drop: str | None = None, retype: str | None = Non
             continue
         if t.name == retype:
             n_rows, k = t.shape[1], t.shape[0]
-            raw = np.random.default_rng(0).integers(0, 255, (n_rows, k // 32 * 18), dtype=np.uint8)
-            w.add_tensor(t.name, raw, raw_shape=raw.shape, raw_dtype=T.IQ4_NL)
+            block, size = gguf.GGML_QUANT_SIZES[as_type]
+            raw = np.random.default_rng(0).integers(0, 255, (n_rows, k // block * size), dtype=np.uint8)
+            w.add_tensor(t.name, raw, raw_shape=raw.shape, raw_dtype=as_type)
         else:
             w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
@@ -91,12 +92,14 @@ def test_missing_tensor(tmp_path):
     _one_line(e.value, "holey.gguf", "missing tensor 'blk.1.ffn_up.weight'")
 
 
-def test_unsupported_quant_type(tmp_path):
-    src = write_tiny_model(tmp_path / "full.gguf")
-    p = _rewrite_without(src, tmp_path / "iq.gguf", retype="blk.0.attn_q.weight")
+@pytest.mark.parametrize("lacking", [T.IQ2_XXS, T.IQ3_S, T.IQ1_M, T.TQ1_0], ids=lambda t: t.name)
+def test_unsupported_quant_type(tmp_path, lacking):
+    """A type we still lack (IQ1 / IQ2 / IQ3, TQ) is refused by name, with the tensor and the type."""
+    src = write_tiny_model(tmp_path / "full.gguf", TinySpec(d_model=256, d_ff=256))
+    p = _rewrite_without(src, tmp_path / "iq.gguf", retype="blk.0.attn_q.weight", as_type=lacking)
     with pytest.raises(UnsupportedModelError) as e:
         specdec.load(p)
-    _one_line(e.value, "iq.gguf", "blk.0.attn_q.weight", "IQ4_NL")
+    _one_line(e.value, "iq.gguf", "blk.0.attn_q.weight", lacking.name)
 
 
 def test_prompt_longer_than_context(tiny_model):

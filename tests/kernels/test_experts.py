@@ -16,7 +16,7 @@ from specdec.kernels.ops import swiglu
 from helpers import F16_FIELDS, assert_rows_independent, make_weights, random_weights
 
 T = gguf.GGMLQuantizationType
-QTYPES = (T.F32, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+QTYPES = (T.F32, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4)     # MXFP4: gpt-oss's experts
 D, F = 256, 256
 
 

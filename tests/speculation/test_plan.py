@@ -27,6 +27,7 @@ CHEAP = Costs(PassCosts(0.05, 0.1, 0.02, True), PassCosts(0.01, 0.1, 0.003, True
 def _counting(monkeypatch, tmp_path, measured: PassCosts):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     monkeypatch.setenv(calibration.ENV, "1")
+    monkeypatch.delenv(calibration.OVERRIDE, raising=False)       # the pinned prior off: measure
     monkeypatch.setattr(calibration, "_MEMO", {})
     calls = []
 

@@ -150,7 +150,8 @@ def test_generate_with_a_prediction(tiny):
     got = tiny.generate(prompt, n_predict=20, ignore_eos=True, prediction=want.text,
                         on_token=lambda t, k: kinds.append(k), trace=trace)
     assert got.ids == want.ids
-    assert got.stats.by_drafter["prediction"].n_accepted > 10 and "predicted" in kinds
+    st = got.stats.by_drafter["prediction"]      # the plan's lengths follow the host's costs:
+    assert st.n_drafted > 0 and st.n_accepted == st.n_verified == st.n_drafted and "predicted" in kinds
     assert {r.source for r in trace.records} == {"prediction"}
     for pred in ("", "zzzz", want.text[::-1], list(reversed(want.ids))):    # wrong ones: same ids
         for draft in (None, "prompt-lookup", tiny):

@@ -1,0 +1,40 @@
+"""`specdec calibrate`: measure what each pass size costs on this host, write the calibration the
+drafting plan reads (speculation/calibration.py), and print the table.
+
+The target and the draft are loaded as `specdec run` loads them with the same flags (the
+defaults' requantized draft and draft vocabulary included), so the table is the one its
+requests read.  Measuring again replaces whatever the cache held.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from ..errors import ConfigError
+
+
+def cmd_calibrate(a) -> int:
+    from ..speculation import calibration
+    from .cli import _draft_options, _load_models, _progress
+    if not calibration.enabled():
+        raise ConfigError(f"calibration is off here ({calibration.ENV}=0 or {calibration.OVERRIDE} set): "
+                          "unset them to measure")
+    options = _draft_options(a)
+    target, draft = _load_models(a)
+    _progress("specdec: measuring passes of " + ", ".join(str(m) for m in calibration.MEASURED_ROWS)
+              + f" rows and a {calibration.PROMPT_ROWS}-token prompt ...")
+    rows = {"target": (target, calibration.costs(target, fresh=True))}
+    if draft is not None:
+        rows["draft"] = (draft, calibration.costs(draft, n_logits=options.draft_vocab(draft), fresh=True))
+    if a.json:
+        json.dump({role: {"model": m.name, "row_ms": c.row_s * 1e3, "prompt_tok_ms": c.prefill_tok_s * 1e3,
+                          "table": list(c.table), "file": str(calibration.cache_path(m.path, c.key))}
+                   for role, (m, c) in rows.items()}, sys.stdout, indent=1)
+        print()
+        return 0
+    for role, (m, c) in rows.items():
+        print(f"{role} {m.name}: one row {c.row_s * 1e3:.1f} ms, prompt {c.prefill_tok_s * 1e3:.2f} ms/token"
+              f" -> {calibration.cache_path(m.path, c.key)}")
+        print("  rows M    " + " ".join(f"{m:>5d}" for m in range(1, calibration.TABLE_ROWS + 1)))
+        print("  t(M)/t(1) " + " ".join(f"{c.rel(m):5.2f}" for m in range(1, calibration.TABLE_ROWS + 1)))
+    return 0
