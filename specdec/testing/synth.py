@@ -115,10 +115,13 @@ def _nibbles(u: np.ndarray) -> np.ndarray:
     return (u[..., :16] | (u[..., 16:] << 4)).astype(np.uint8)
 
 
-def quantize_iq4(x: np.ndarray, qt: T) -> np.ndarray:
+def quantize_iq4(x: np.ndarray, qt: T, chunk: int = 1024) -> np.ndarray:
     """float32 (N, K) -> IQ4_NL or IQ4_XS rows (gguf.quants has no quantizer for them): each
     group of 32 scaled so that its value of largest |x| meets the table's end (-127), the
-    codes nearest; IQ4_XS's group scales as 6-bit multiples of one fp16 d per 256 values."""
+    codes nearest; IQ4_XS's group scales as 6-bit multiples of one fp16 d per 256 values.
+    `chunk` rows at a time (the nearest-code search holds 16 floats per value)."""
+    if x.shape[0] > chunk:
+        return np.concatenate([quantize_iq4(x[i:i + chunk], qt, chunk) for i in range(0, x.shape[0], chunk)])
     n, k = x.shape
     g = x.reshape(n, -1, 32)                                               # (N, G, 32)
     big = np.take_along_axis(g, np.abs(g).argmax(axis=-1)[..., None], -1)[..., 0]
