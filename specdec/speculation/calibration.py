@@ -57,9 +57,16 @@ def _linear(g: float) -> tuple[float, ...]:
 
 
 def _points(points: dict[int, float]) -> tuple[float, ...]:
-    """A table over 1..TABLE_ROWS from measured sizes, linear between them."""
+    """A table over 1..TABLE_ROWS from measured sizes, linear between them and past the last
+    one by its last step."""
     ms = sorted(points)
-    return tuple(round(float(v), 4) for v in np.interp(np.arange(1, TABLE_ROWS + 1), ms, [points[m] for m in ms]))
+    vs = [points[m] for m in ms]
+    at = np.arange(1, TABLE_ROWS + 1)
+    out = np.interp(at, ms, vs)
+    if len(ms) > 1:
+        slope = max((vs[-1] - vs[-2]) / (ms[-1] - ms[-2]), 0.0)
+        out = np.where(at > ms[-1], vs[-1] + slope * (at - ms[-1]), out)
+    return tuple(round(float(v), 4) for v in out)
 
 
 # t(M) / t(1) of a few hosts: the priors and the override's names.  zen3 is Qwen2.5-Coder-1.5B

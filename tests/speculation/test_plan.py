@@ -1,17 +1,23 @@
 """The drafting plan (api/plan.py, speculation/plan.py, speculation/calibration.py): the
 calibration cache is written, read and invalidated; the cost model picks the draft model only
 where it pays and bounds its prompt window; the draft's prompt pass never comes before the
-first token; a seeded request's tokens do not depend on the clock; greedy output stays plain's."""
+first token; a seeded request's tokens do not depend on the clock; greedy output stays plain's;
+the calibration is a table per pass size that drift measures again, and the plan's choices on a
+cheap-row and a dear-row host (their tables set here, never the host's)."""
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec.api.plan import DraftPlan
 from specdec.api.request import DraftOptions, Runner
+from specdec.errors import ConfigError
 from specdec.generation.sampling import SamplerParams
 from specdec.speculation import calibration
 from specdec.speculation.calibration import PassCosts
@@ -226,3 +232,101 @@ def test_a_seeded_explicit_adaptive_policy_reads_counts_too(tiny_model):
         outs.append((r.run([3, 1, 4, 1, 5, 9, 2, 6], 30).ids, r.policy.history))
         assert isinstance(r.policy, PlannedLength) and r.policy.counts
     assert all(o == outs[0] for o in outs)
+
+
+# -- the table of pass costs (docs/speculative.md, "What a pass costs") ------------------------
+
+DEAR = calibration.PROFILES["zen3"]              # an AVX2 Zen 3's measured curve: 9 rows 7.7x one
+
+
+def _host(table, c: float = 0.35) -> Costs:
+    t = PassCosts.of_table(0.05, tuple(table), 0.01, measured=True)
+    return Costs(t, PassCosts.of_table(c * 0.05, tuple(table), 0.002, measured=True))
+
+
+def test_measure_gives_a_table_for_every_pass_size(tiny_model):
+    got = calibration.measure(tiny_model(TinySpec(seed=3)))
+    assert len(got.table) == calibration.TABLE_ROWS and got.table[0] == 1.0
+    assert all(v >= 1.0 for v in got.table) and got.rel(1) == 1.0
+    assert got.verify_s(8) == got.row_s * got.table[8]
+    assert got.rel(30) >= got.rel(17)                                          # past the table: extended
+
+
+def test_an_old_slope_file_is_measured_again(tmp_path, monkeypatch, tiny_model):
+    m = tiny_model(TinySpec(seed=3))
+    costs = PassCosts.of_table(0.02, DEAR, 0.005, measured=True)
+    calls, fake = _counting(monkeypatch, tmp_path, costs)
+    key = calibration.cache_key(m.path, "None|None")
+    old = {"version": 2, "key": key, "row_s": 0.02, "growth": 0.6, "prefill_tok_s": 0.005, "measured": True}
+    calibration.cache_path(m.path, key).parent.mkdir(parents=True)
+    calibration.cache_path(m.path, key).write_text(json.dumps(old))
+    got = calibration.costs(m, fake)
+    assert len(calls) == 1 and got.table == DEAR                                # measured, not read
+    assert json.loads(calibration.cache_path(m.path, key).read_text())["table"] == list(DEAR)
+
+
+def test_drift_measures_again_either_way(tmp_path, monkeypatch, tiny_model):
+    m = tiny_model(TinySpec(seed=3))
+    calls, fake = _counting(monkeypatch, tmp_path, PassCosts.of_table(0.02, DEAR, 0.005, measured=True))
+    monkeypatch.setattr(calibration, "_DRIFT", {})
+    monkeypatch.setattr(calibration, "_STALE", set())
+    c = calibration.costs(m, fake)
+    for factor in (3.0, 0.3):                                                   # slower, then faster
+        for i in range(calibration.DRIFT_STEPS):
+            gone = calibration.drifted(c, 2, factor * c.verify_s(2))
+            assert gone == (i == calibration.DRIFT_STEPS - 1)
+        assert calibration.stale(c) and not list((tmp_path / "calibration").glob("*.json"))
+        c = calibration.costs(m, fake)
+        assert not calibration.stale(c)
+    assert len(calls) == 3
+    for _ in range(3 * calibration.DRIFT_STEPS):                                # within the margin: never
+        assert not calibration.drifted(c, 4, 1.3 * c.verify_s(4))
+        assert not calibration.drifted(c, 4, c.verify_s(4) / 1.3)
+
+
+def test_the_override_pins_every_table_and_refuses_nonsense(monkeypatch, tiny_model):
+    monkeypatch.setenv(calibration.ENV, "1")
+    monkeypatch.setenv(calibration.OVERRIDE, "zen3")
+    assert not calibration.enabled() and calibration.prior().table == DEAR
+    monkeypatch.setenv(calibration.OVERRIDE, "1.5,2.5")
+    assert calibration.prior().table[:3] == (1.0, 1.5, 2.5) and calibration.prior().rel(5) > 2.5
+    monkeypatch.setenv(calibration.OVERRIDE, "1.2")
+    assert calibration.prior().rel(6) == pytest.approx(2.0)
+    for bad in ("fast", "0.5,2", "nan", "1,,2"):
+        monkeypatch.setenv(calibration.OVERRIDE, bad)
+        with pytest.raises(ConfigError, match=calibration.OVERRIDE):
+            calibration.prior()
+
+
+@pytest.mark.parametrize("alpha, cheap_n, dear_n", [(0.9, 8, 2), (0.6, 2, 0), (0.3, 1, 0)])
+def test_a_free_drafters_length_follows_the_host(alpha, cheap_n, dear_n):
+    """Prompt lookup's length from the prior, on a cheap-row and a dear-row host: the same
+    acceptance drafts long where rows are cheap and plain where they are dear."""
+    got = {}
+    for name, table in (("cheap", calibration.PROFILES["cheap"]), ("dear", DEAR)):
+        p = PlannedLength(_host(table), 8, counts=True, alpha_prior=alpha)
+        p.prepare("prompt-lookup/3")
+        got[name] = p.next_n()
+    assert got["cheap"] >= cheap_n and got["dear"] <= dear_n, got
+
+
+def test_the_model_drafts_where_rows_are_cheap_and_not_where_they_are_dear():
+    inp = PlanInput(prompt_len=200, n_predict=256, greedy=True, seeded=True, model=True, free=("prompt-lookup",))
+    assert choose(inp, _host(calibration.PROFILES["cheap"])).model
+    assert choose(inp, _host(calibration.PROFILES["vnni"])).model
+    dear = choose(inp, _host(DEAR))
+    assert not dear.model and dear.drafters == ("prompt-lookup",)            # the free drafters only
+
+
+def test_specdec_calibrate_measures_writes_and_prints_the_table(tmp_path, tiny_model):
+    from helpers import cli, one_line_error
+    m = tiny_model(TinySpec(seed=3))
+    env = {"SPECDEC_HOME": str(tmp_path), calibration.ENV: "1", calibration.OVERRIDE: ""}
+    r = cli("calibrate", "-m", m.path, "-md", m.path, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert set(got) == {"target", "draft"} and len(got["target"]["table"]) == calibration.TABLE_ROWS
+    assert Path(got["target"]["file"]).is_file()
+    r = cli("calibrate", "-m", m.path, env=env)
+    assert r.returncode == 0 and "t(M)/t(1)" in r.stdout
+    one_line_error(cli("calibrate", "-m", m.path, env={**env, calibration.OVERRIDE: "zen3"}), "calibration is off")
