@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Callable
 
 from ..errors import ConfigError
 
 
-def cmd_calibrate(a) -> int:
+def cmd_calibrate(a, draft_options: Callable, load_models: Callable, progress: Callable) -> int:
+    """draft_options(a), load_models(a), progress(text): the CLI's (cli.py), as `run` uses them."""
     from ..speculation import calibration
-    from .cli import _draft_options, _load_models, _progress
     if not calibration.enabled():
         raise ConfigError(f"calibration is off here ({calibration.ENV}=0 or {calibration.OVERRIDE} set): "
                           "unset them to measure")
-    options = _draft_options(a)
-    target, draft = _load_models(a)
-    _progress("specdec: measuring passes of " + ", ".join(str(m) for m in calibration.MEASURED_ROWS)
+    options = draft_options(a)
+    target, draft = load_models(a)
+    progress("specdec: measuring passes of " + ", ".join(str(m) for m in calibration.MEASURED_ROWS)
               + f" rows and a {calibration.PROMPT_ROWS}-token prompt ...")
     rows = {"target": (target, calibration.costs(target, fresh=True))}
     if draft is not None:

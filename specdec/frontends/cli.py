@@ -426,7 +426,8 @@ def main(argv=None) -> int:
         try:
             return {"run": cmd_run, "chat": cmd_chat, "check": cmd_check, "info": cmd_info, "pull": cmd_pull,
                     "models": cmd_models, "trace-report": cmd_trace_report, "bench": cmd_bench,
-                    "serve": cmd_serve, "calibrate": cmd_calibrate}[a.command](a)
+                    "serve": cmd_serve,
+                    "calibrate": lambda a: cmd_calibrate(a, _draft_options, _load_models, _progress)}[a.command](a)
         finally:
             _save_suffix_store(a)
     except SpecdecError as e:

@@ -184,13 +184,14 @@ print("vnni512" if ir.have_vnni512() else "avx2" if ir.have_avx2() else "portabl
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ["vnni", "avx2"])
 def test_every_path_is_the_contract(path, tmp_path):
-    """A cache folder of its own: Numba's cache key holds the codegen's CPU features, which a
-    forced path does not change in the running process (it changes the IR the kernels emit),
-    so a shared cache could hand this process another path's code."""
+    """In a process of its own, whose forced path compiles into the path's own cache folder
+    (cpu._cache_dir: Numba's cache key holds the codegen's CPU features, which a forced path
+    does not change in the running process, so a shared folder could hand it another path's
+    code); the folder test_paths.py's run of the same path fills, so one of them compiles."""
     if not all(f in cpu.host().flags for f in cpu._NEEDS[path]):
         pytest.skip(f"this host cannot run the {path} path")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
-    env[cpu.KERNELS_ENV], env["NUMBA_CACHE_DIR"] = path, str(tmp_path)
+    env[cpu.KERNELS_ENV] = path
     r = subprocess.run([sys.executable, "-c", PATH_SCRIPT], env=env, cwd=ROOT, capture_output=True,
                        text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -174,7 +174,9 @@ def test_full_queue_is_refused(models):
     sch = Scheduler(target, n_parallel=1, n_ctx=256, max_queue=1)
     try:
         a = sch.submit(Job(prompt(6, 5), 200, GREEDY, ignore_eos=True))
-        time.sleep(0.05)
+        deadline = time.monotonic() + TIMEOUT           # a busy machine: wait until a holds the slot
+        while not sch.active and time.monotonic() < deadline:
+            time.sleep(0.005)
         b = sch.submit(Job(prompt(7, 5), 5, GREEDY, ignore_eos=True))
         with pytest.raises(QueueFull):
             sch.submit(Job(prompt(8, 5), 5, GREEDY))
