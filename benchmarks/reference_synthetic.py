@@ -2,8 +2,9 @@
 tests/agreement/test_reference_synthetic.py compares against.
 
 Each architecture gets a small random-weight file written by specdec.testing.synth (F32 and
-Q8_0 weights; llama also in IQ4_NL, IQ4_XS and MXFP4, qwen3moe's experts in MXFP4; Llama 3.1 with its rope_freqs tensor; qwen3moe and a Mixtral-style llama file
-with experts, whose router stays F32 as in real files), run through llama.cpp (llama-cpp-python,
+Q8_0 weights; llama also in IQ4_NL, IQ4_XS and MXFP4, qwen3moe's experts in MXFP4; Llama
+3.1 with its rope_freqs tensor; qwen3moe and a Mixtral-style llama file with experts, whose
+router stays F32 as in real files), run through llama.cpp (llama-cpp-python,
 the version of tests/data/reference, built natively): the logits of every position of a
 fixed prompt (logits_all) and a greedy continuation with its margins.  The file itself is not
 committed: the test writes it again from the same spec and checks its SHA-256 against the one

@@ -44,7 +44,7 @@ from .policies import AdaptiveLength, StepFeedback, expected_tokens
 FREE = ("prediction", "suffix", "prompt-lookup")    # drafters that cost ~nothing per step
 FREE_DRAFT = 0.01         # a free drafter's step, in target one-row passes
 MODEL_ALPHA = {True: 0.75, False: 0.6}   # the draft model's prior acceptance, greedy / sampled
-FREE_ALPHA = {"prediction": 0.9}         # a free drafter's prior acceptance (others: AdaptiveLength's)
+FREE_ALPHA = {"prediction": 0.9, "forced": 0.99}   # a free drafter's prior acceptance (else AdaptiveLength's)
 WINDOW_MIN, WINDOW_MAX = 32, 512         # the draft model's prompt window, tokens
 WINDOW_SHARE = 0.3        # at most this share of the predicted saving goes to the draft's prompt pass
 WAIT_TOKENS = 16          # the draft model drafts once the answer has at least this many tokens (free drafters before)

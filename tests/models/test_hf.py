@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 import specdec
-from helpers import cli
+from helpers import cli, one_line_error
 from specdec.models import hf
 from synth import TinySpec, write_tiny_model
 
@@ -170,5 +170,5 @@ def test_cli_takes_hf_flags(hub):
     r = cli("run", "-hf", "someone/Tiny-GGUF:Q8_0", "-hfd", "someone/Tiny-GGUF:Q4_K_M", "-p", "ab", "-n", "4",
             "--ignore-eos", "--raw")
     assert r.returncode == 0, r.stderr
-    r = cli("run", "-hf", "someone/Missing-GGUF", "-p", "ab", "-n", "2")
-    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "someone/Missing-GGUF" in r.stderr
+    one_line_error(cli("run", "-hf", "someone/Missing-GGUF", "-p", "ab", "-n", "2"),
+                   "-hf someone/Missing-GGUF: repository not found")

@@ -133,9 +133,9 @@ def test_any_arrival_order_gives_the_solo_answers(models, data):
 
 def test_cancel_frees_the_slot_and_others_go_on(models):
     target, _ = models
-    sch = Scheduler(target, n_parallel=2, n_ctx=256)
-    try:
-        long = sch.submit(Job(prompt(3, 5), 240, GREEDY, ignore_eos=True))
+    sch = Scheduler(target, n_parallel=2, n_ctx=2048)
+    try:                                    # long enough to be running whenever the cancel comes
+        long = sch.submit(Job(prompt(3, 5), 2000, GREEDY, ignore_eos=True))
         other = sch.submit(Job(prompt(4, 6), 20, GREEDY, ignore_eos=True))
         time.sleep(0.05)
         long.cancel()
