@@ -43,6 +43,7 @@ from .policies import AdaptiveLength, StepFeedback, expected_tokens
 
 FREE = ("prediction", "suffix", "prompt-lookup")    # drafters that cost ~nothing per step
 FREE_DRAFT = 0.01         # a free drafter's step, in target one-row passes
+MODEL_KINDS = ("model", "retok")     # drafters that run the draft model (retok: through text)
 MODEL_ALPHA = {True: 0.75, False: 0.6}   # the draft model's prior acceptance, greedy / sampled
 FREE_ALPHA = {"prediction": 0.9, "forced": 0.99}   # a free drafter's prior acceptance (else AdaptiveLength's)
 WINDOW_MIN, WINDOW_MAX = 32, 512         # the draft model's prompt window, tokens
@@ -94,8 +95,8 @@ class Costs:
         return self.draft.row_s / self.target.row_s if self.draft is not None else 0.0
 
     def draft_s(self, kind: str) -> float:
-        """Seconds of one drafted token of this kind ('model' or a free drafter)."""
-        return self.draft.row_s if kind == "model" and self.draft else FREE_DRAFT * self.target.row_s
+        """Seconds of one drafted token of this kind (a model's, MODEL_KINDS, or a free drafter's)."""
+        return self.draft.row_s if kind in MODEL_KINDS and self.draft else FREE_DRAFT * self.target.row_s
 
     @staticmethod
     def prior(target_bytes: float, draft_bytes: float | None) -> "Costs":
@@ -230,7 +231,7 @@ class PlannedLength(AdaptiveLength):
         a = self.costs.target.row_s
         if e is None or e.draft_s is None or self._verify.w <= 0.0:
             kind = self.kind(key)
-            alpha = self.alpha_model if kind == "model" else FREE_ALPHA.get(kind, self.alpha_prior)
+            alpha = self.alpha_model if kind in MODEL_KINDS else FREE_ALPHA.get(kind, self.alpha_prior)
             n, rate = _best(alpha, self.costs.draft_s(kind), self.costs.target, 0, self.n_max)
             self.reason = f"{key}: n {n} from the prior (alpha {alpha:.2f}, {rate * a:.2f}x plain predicted)"
             return n
