@@ -65,7 +65,7 @@ def _time(fn) -> float:
 def synthetic_15b(path: Path, vocab: int) -> Path:
     from specdec.testing.synth import TinySpec, write_tiny_model
     spec = TinySpec(arch="qwen2", d_model=1536, n_layer=28, n_head=12, n_head_kv=2, d_ff=8960,
-                    n_vocab=vocab, qtype=int(T.IQ4_XS), n_ctx=512, seed=1)
+                    n_vocab=vocab, qtype=int(T.IQ4_XS), n_ctx=512, seed=1, merges=("a a",))
     return write_tiny_model(path, spec)
 
 

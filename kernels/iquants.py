@@ -166,3 +166,104 @@ def _matmul(qtype: int):
 IQUANTS = (IQ4_NL, IQ4_XS, MXFP4)
 MATMUL = {qt: _matmul(qt) for qt in IQUANTS}
 GET_ROWS = {qt: _get_rows(qt) for qt in IQUANTS}
+
+
+# ---- layouts made at load (registry.layout_for / prepare): the table lookups done once ---------
+#
+# IQ4_NL and MXFP4 as Q8_0 rows.  A block's values are int8 (the table's) times one scale, and
+# both dots are `acc += (d_w·d_x)·float(isum)` per block of 32 over Q8_0 activations, as
+# Q8_0's: so the same block as Q8_0 (fp16 d, the 32 table values) gives the same bits through the
+# Q8_0 kernels.  MXFP4's E8M0 scale 2^(e−128) is an fp16 exactly when 2^-24 <= it <= 2^15; a
+# tensor with a scale outside keeps its file rows.
+#
+# IQ4_XS expanded: per super-block fp16 d (2 bytes) | ls − 32 (8 x int8) | the 256 values (int8),
+# 266 bytes (XS_BYTES); the matmul is _matmul_xs's integer order with the values read directly.
+
+XS_BYTES = 266
+Q8_BYTES = 34
+
+
+def q8_0_rows(w: np.ndarray, qtype: int) -> np.ndarray | None:
+    """IQ4_NL / MXFP4 rows (N, nb·size) -> the same values as Q8_0 rows (N, nb·34), or None
+    (MXFP4 with a scale that is no fp16)."""
+    n = w.shape[0]
+    size, at = (17, 1) if qtype == MXFP4 else (18, 2)
+    blk = w.reshape(n, -1, size)
+    kv = (KV_MXFP4 if qtype == MXFP4 else KV_IQ4NL).astype(np.int8)
+    qs = blk[:, :, at:]
+    out = np.empty((n, blk.shape[1], Q8_BYTES), np.uint8)
+    out[:, :, 2:18] = kv[qs & 15].view(np.uint8)
+    out[:, :, 18:] = kv[qs >> 4].view(np.uint8)
+    if qtype == MXFP4:
+        e = blk[:, :, 0].astype(np.int32)
+        if e.size and (e.min() < 128 - 24 or e.max() > 128 + 15):
+            return None
+        out[:, :, 0:2] = (2.0 ** (e - 128)).astype(np.float16)[..., None].view(np.uint8)
+    else:
+        out[:, :, 0:2] = blk[:, :, 0:2]
+    return out.reshape(n, -1)
+
+
+def expand_xs(w: np.ndarray) -> np.ndarray:
+    """IQ4_XS rows (N, nb·136) -> (N, nb·266): d | ls − 32 | values, per super-block."""
+    n = w.shape[0]
+    blk = w.reshape(n, -1, 136)
+    out = np.empty((n, blk.shape[1], XS_BYTES), np.uint8)
+    out[:, :, 0:2] = blk[:, :, 0:2]
+    h = blk[:, :, 2].astype(np.int32) | (blk[:, :, 3].astype(np.int32) << 8)
+    g = np.arange(8)
+    ls = ((blk[:, :, 4 + g // 2].astype(np.int32) >> (4 * (g % 2))) & 15) | (((h[..., None] >> (2 * g)) & 3) << 4)
+    out[:, :, 2:10] = (ls - 32).astype(np.int8).view(np.uint8)
+    qs = blk[:, :, 8:].reshape(n, -1, 8, 16)
+    kv = KV_IQ4NL.astype(np.int8)
+    vals = np.concatenate([kv[qs & 15], kv[qs >> 4]], axis=-1)          # (N, nb, 8, 32)
+    out[:, :, 10:] = vals.reshape(n, -1, 256).view(np.uint8)
+    return out.reshape(n, -1)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _matmul_xs8(w, xq, xd, out):
+    """Expanded IQ4_XS rows w (N, nb·266) as int8 by Q8_K x: _matmul_xs's order."""
+    n_rows, m_rows, nb = w.shape[0], xq.shape[0], xq.shape[1] // 256
+    for n in prange(n_rows):
+        for m in range(m_rows):
+            out[m, n] = np.float32(0.0)
+        for b in range(nb):
+            base = b * 266
+            d = half_bits_to_f32(np.uint16(w[n, base]) | (np.uint16(w[n, base + 1]) << np.uint16(8)))
+            for m in range(m_rows):
+                d4d8 = np.float32(d * xd[b, m])
+                acc = out[m, n]
+                for g in range(8):
+                    s1 = np.int32(0)
+                    s2 = np.int32(0)
+                    v0 = base + 10 + 32 * g
+                    x0 = b * 256 + 32 * g
+                    for j in range(16):
+                        s1 += np.int32(xq[m, x0 + j]) * np.int32(np.int8(w[n, v0 + j]))
+                        s2 += np.int32(xq[m, x0 + 16 + j]) * np.int32(np.int8(w[n, v0 + 16 + j]))
+                    ls = np.int32(np.int8(w[n, base + 2 + g]))
+                    acc = acc + np.float32(d4d8 * np.float32(ls)) * np.float32(s1 + s2)
+                out[m, n] = acc
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _rows_xs8(w, ids, out):
+    for i in prange(ids.shape[0]):
+        n = ids[i]
+        for b in range(out.shape[1] // 256):
+            base = b * 266
+            d = half_bits_to_f32(np.uint16(w[n, base]) | (np.uint16(w[n, base + 1]) << np.uint16(8)))
+            for g in range(8):
+                dl = np.float32(d * np.float32(np.int8(w[n, base + 2 + g])))
+                for j in range(32):
+                    out[i, b * 256 + 32 * g + j] = dl * np.float32(np.int8(w[n, base + 10 + 32 * g + j]))
+
+
+def matmul_xs8(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    xq, xd, _ = quantize_q8_k(x)
+    _matmul_xs8(w, natural_order(xq), xd, out)
+
+
+def get_rows_xs8(w: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
+    _rows_xs8(w, ids, out)

@@ -9,6 +9,8 @@ layout made at load from weights in process memory (never a ggml type):
     0x100 | Q4_0 …     8-row records, same bytes          repack          (tiles: legacy_amx)
     Q2_K … Q6_K        the file's rows                    kquants
     IQ4_NL IQ4_XS MXFP4  the file's rows                  iquants
+    (IQ4_NL, MXFP4)    as Q8_0 rows / 8-row records       legacy / repack (the same bits: iquants.py)
+    0x300 | IQ4_XS     values expanded to int8            iquants
     0x200 | Q4_K …     16-row interleaved records         kquants_x16     (tiles: kquants_x16_amx)
 
 ``KERNELS[id]`` is that id's `Kernel` on this process's instruction path (cpu.py, fixed at
@@ -29,11 +31,12 @@ import numpy as np
 
 from . import cpu, iquants, kquants, kquants_x16, kquants_x16_amx, legacy, legacy_amx, repack
 from .float_act import MATMUL_FLOAT_ACT
-from .formats import CODEBOOK, FLOATS, KQUANTS, LEGACY
+from .formats import CODEBOOK, FLOATS, IQ4_NL, IQ4_XS, KQUANTS, LEGACY, MXFP4, Q8_0
 from .q8k import quantize_q8_k
 
 REPACKED = repack.REPACKED               # legacy qtype -> its 8-row records' id
 INTERLEAVED = kquants_x16.INTERLEAVED    # K-quant qtype -> its interleaved records' id
+EXPANDED_XS = 0x300 | IQ4_XS             # IQ4_XS with its values expanded to int8 (iquants.expand_xs)
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ def _table(legacy_tiles: bool, x16_tiles: bool) -> list[Kernel]:
                    _x16_tiles(qt) if x16_tiles else None, kquants_x16_amx.MIN_M,
                    record_rows=kquants_x16.ROWS, array_rows=kquants_x16.ROWS) for qt in INTERLEAVED]
     out += [Kernel(qt, qt, iquants.MATMUL[qt], iquants.GET_ROWS[qt]) for qt in CODEBOOK]
+    out.append(Kernel(EXPANDED_XS, IQ4_XS, iquants.matmul_xs8, iquants.get_rows_xs8))
     return out
 
 
@@ -128,6 +132,10 @@ def layout_for(qtype: int, n_rows: int) -> int | None:
     interleaved records, legacy quants of 8k rows the 8-row records, else None (its file rows)."""
     if kquants_x16.can_interleave(qtype, n_rows):
         return INTERLEAVED[qtype]
+    if qtype in (IQ4_NL, MXFP4):                     # as Q8_0 (MXFP4: where its scales are fp16s)
+        return REPACKED[Q8_0] if n_rows % 8 == 0 else Q8_0
+    if qtype == IQ4_XS:
+        return EXPANDED_XS
     return REPACKED[qtype] if qtype in LEGACY and n_rows % 8 == 0 else None
 
 
@@ -137,4 +145,11 @@ def prepare(w: np.ndarray, qtype: int) -> tuple[np.ndarray, int]:
     new = layout_for(qtype, w.shape[0])
     if new is None:
         raise ValueError(f"{qtype} with {w.shape[0]} rows has no layout of its own")
+    if qtype in (IQ4_NL, MXFP4):
+        q8 = iquants.q8_0_rows(w, qtype)
+        if q8 is None:                               # a scale no fp16 holds: the file's rows
+            return w, qtype
+        return (repack.repack(q8, Q8_0) if new == REPACKED[Q8_0] else q8), new
+    if qtype == IQ4_XS:
+        return iquants.expand_xs(w), new
     return (kquants_x16.interleave(qtype, w) if new == INTERLEAVED.get(qtype) else repack.repack(w, qtype)), new

@@ -8,6 +8,10 @@ Why offer it: reading mapped page-cache pages can be much slower than reading an
 memory on some hosts (docs/architecture.md, "Mapped or in memory", has the figures), and
 it is the host, not the file, that decides.
 
+A split model (llama.cpp's gguf-split: `NAME-00001-of-0000N.gguf`, `split.count` in the first
+file's metadata) is opened by its first file and read whole: the other files beside it are
+mapped and their tensors joined (`GGUFFile._join`).
+
 The file layout (GGUF v2/v3, little endian):
 
     magic "GGUF" | version u32 | n_tensors u64 | n_kv u64
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import mmap as _mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +42,7 @@ from . import resources
 from .resources import check_fits
 
 GGUF_MAGIC = b"GGUF"
+SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.I)   # llama.cpp's gguf-split names
 MAX_ARRAY_DEPTH = 8          # arrays of arrays of ...: no real file nests more than twice
 
 _SCALAR = {  # value type -> (struct format, numpy dtype)
@@ -201,11 +207,14 @@ class GGUFFile:
         float32 (…, K) for F32, float16 (…, K) for F16, uint8 (rows, row_bytes) otherwise.
     """
 
-    def __init__(self, path: str | os.PathLike, mmap: bool | None = True, image: np.ndarray | None = None):
+    def __init__(self, path: str | os.PathLike, mmap: bool | None = True, image: np.ndarray | None = None,
+                 shard: bool = False):
         """image: the file's bytes already in process memory (engine/prepared.py: the file as
-        a previous load left it, rewritten tensors included); read instead of the file."""
+        a previous load left it, rewritten tensors included); read instead of the file.
+        shard: a later file of a split model, read by the first one's `_join`."""
         self.path = str(path)
         self._released: set[str] = set()
+        self._shards = {}
         if image is not None:
             self.file_size, self._mm = len(image), image
             self.metadata, self.tensors, self.data_start = self._parse(memoryview(self._mm))
@@ -225,6 +234,32 @@ class GGUFFile:
                        "load it mapped (--mmap)")
         self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if mmap else read_into_memory(self.path)
         self.metadata, self.tensors, self.data_start = self._parse(memoryview(self._mm))
+        self._shards: dict[str, GGUFFile] = {}            # tensor name -> the later split file holding it
+        n_split = self.metadata.get("split.count", 1)
+        if isinstance(n_split, int) and not isinstance(n_split, bool) and n_split > 1 and not shard:
+            self._join(n_split)
+
+    def _join(self, n_split: int) -> None:
+        """A split model (`NAME-00001-of-0000N.gguf`, llama.cpp's gguf-split): the other files
+        beside this one, each mapped, their tensors read whole as this file's.  Mapped only (an
+        in-memory copy of the first file is dropped: the layouts made in memory stay per file)."""
+        m = SPLIT.search(self.path)
+        if m is None or int(m.group(1)) != 1 or int(m.group(2)) != n_split:
+            raise GGUFError(f"{self.path}: split.count is {n_split} but the name is not NAME-00001-of-"
+                            f"{n_split:05d}.gguf")
+        if self.in_memory:
+            self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+        for i in range(2, n_split + 1):
+            part = GGUFFile(f"{self.path[:m.start()]}-{i:05d}-of-{n_split:05d}.gguf", mmap=True, shard=True)
+            for name, info in part.tensors.items():
+                if name in self.tensors:
+                    raise GGUFError(f"{part.path}: tensor {name!r} is also in an earlier split file")
+                self.tensors[name], self._shards[name] = info, part
+            self.file_size += part.file_size
+        want = self.metadata.get("split.tensors.count", len(self.tensors))
+        if want != len(self.tensors):
+            raise GGUFError(f"{self.path}: the {n_split} split files hold {len(self.tensors)} tensors, "
+                            f"split.tensors.count says {want}")
 
     def _parse(self, buf):
         cur = _Cursor(buf, self.path)
@@ -293,6 +328,8 @@ class GGUFFile:
 
     def tensor(self, name: str) -> np.ndarray:
         """Zero-copy view of a tensor's bytes, shaped as described in the class docstring."""
+        if name in self._shards:
+            return self._shards[name].tensor(name)
         info = self.tensors.get(name)
         if info is None:
             raise GGUFError(f"{self.path}: missing tensor {name!r}")
@@ -321,6 +358,8 @@ class GGUFFile:
         back to the operating system (MADV_DONTNEED; they read as zeros from then on), when
         the engine holds its weights in a new array of another layout; the tensor cannot be
         read afterwards.  A mapped file's pages are the page cache's: nothing to do."""
+        if name in self._shards:
+            return                                           # a later split file: always mapped
         buf = getattr(self._mm, "base", None)                # np.frombuffer's memoryview of the mmap
         buf = getattr(buf, "obj", buf)
         if not self.in_memory or not isinstance(buf, _mmap.mmap) or not hasattr(_mmap, "MADV_DONTNEED"):

@@ -189,7 +189,7 @@ def _prepare(gf: GGUFFile, name: str, stored: int, n_in: int, n_out: int, requan
         # weights in process memory: K-quants of 16k rows into new arrays of 16-row
         # interleaved records; legacy quants rewritten in place into 8-row records; a table
         # too unless a requantized head is to be made from its stored bytes
-        if KERNELS[new].in_place:
+        if KERNELS[new].in_place and KERNELS[new].qtype == stored:      # (IQ4_NL as Q8_0: a new array)
             w, qtype = gf.rewrite(name, lambda v: registry.prepare(v, stored)[0]), new
         else:
             w, qtype = registry.prepare(w, stored)

@@ -44,7 +44,7 @@ CALIBRATION_VERSION = 3    # 3: a table t(M) per pass size (2: one slope; its fi
 ENV = "SPECDEC_CALIBRATE"       # "0" / "off" / "false": never measure, use the prior
 OVERRIDE = "SPECDEC_PASS_COSTS"  # debug: a profile name or t(2),t(3),... in place of every table
 TABLE_ROWS = 17                 # the table covers passes of 1..17 rows (a draft of up to 16)
-MEASURED_ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 17)   # the sizes timed; the rest interpolated
+MEASURED_ROWS = (*range(1, 10), 12, 17)   # every size of the defaults (n <= 8) timed; 10..16 interpolated
 PROMPT_ROWS = 64                # the prompt pass measured
 PREFILL_PRIOR = 0.2             # a prompt token's cost, in one-row passes, until measured
 REPEATS = 2                     # timed rounds after the untimed one; the fastest of each size kept

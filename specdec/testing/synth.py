@@ -51,7 +51,15 @@ def _tokens(n_vocab: int) -> list[str]:
     toks = alphabet[:n_vocab]
     i = 0
     while len(toks) < n_vocab:
-        toks.append(alphabet[i % 26] + alphabet[(i // 26) % 26])
+        if i < 26 * 26:                                   # two letters, then longer: all distinct
+            toks.append(alphabet[i % 26] + alphabet[(i // 26) % 26])
+        else:
+            k, word = i - 26 * 26, ""
+            while True:
+                word, k = word + alphabet[k % 26], k // 26
+                if k == 0:
+                    break
+            toks.append("~" + word)
         i += 1
     return toks
 

@@ -29,7 +29,7 @@ def _weights(qt, n: int, k: int, rng, raw: bool = True) -> np.ndarray:
     block, size = gguf.GGML_QUANT_SIZES[qt]
     w = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
     if qt == T.MXFP4:
-        w[:, :, 0] = rng.integers(100, 140, w.shape[:2])                        # 2^-28 .. 2^11
+        w[:, :, 0] = rng.integers(104, 144, w.shape[:2])                        # 2^-24 .. 2^15: fp16s
     else:
         h = rng.uniform(1e-3, 0.05, w.shape[:2]) * rng.choice([-1, 1], w.shape[:2])
         w[:, :, 0:2] = h.astype(np.float16).view(np.uint8).reshape(*w.shape[:2], 2)
@@ -81,16 +81,46 @@ def test_the_matmul_approximates_the_float_product(qt):
     assert np.abs(kernels.matmul(w, int(qt), x) - exact).max() < 0.02 * np.abs(exact).max()
 
 
+@settings(max_examples=20, deadline=None)
+@given(qt=st.sampled_from(TYPES), n=st.sampled_from([8, 24, 37, 40]), m=st.integers(1, 17),
+       raw=st.booleans(), seed=st.integers(0, 2**16))
+def test_the_layouts_made_at_load_give_the_same_bits(qt, n, m, raw, seed):
+    """IQ4_NL and MXFP4 as Q8_0 rows (8-row records where N allows), IQ4_XS with its values
+    expanded: the matmul and the rows bit for bit the file rows' kernels."""
+    from specdec.kernels import registry
+    rng = np.random.default_rng(seed)
+    w = _weights(qt, n, 512, rng, raw)
+    lw, lid = registry.prepare(w.copy(), int(qt))
+    assert lid != int(qt) and lid == registry.layout_for(int(qt), n)
+    x = rng.standard_normal((m, 512)).astype(np.float32)
+    want = kernels.matmul(w, int(qt), x).view(np.uint32)
+    assert np.array_equal(kernels.matmul(lw, lid, x).view(np.uint32), want)
+    ids = np.arange(n, dtype=np.int64)
+    assert np.array_equal(kernels.get_rows(lw, lid, ids, 512), kernels.get_rows(w, int(qt), ids, 512))
+
+
+def test_an_mxfp4_scale_no_fp16_holds_keeps_the_file_rows():
+    from specdec.kernels import registry
+    w = _weights(T.MXFP4, 8, 256, np.random.default_rng(1))
+    w.reshape(8, -1, 17)[3, 2, 0] = 200                                            # 2^72
+    lw, lid = registry.prepare(w.copy(), int(T.MXFP4))
+    assert lid == int(T.MXFP4) and np.array_equal(lw, w)
+
+
+@pytest.mark.parametrize("mmap", [True, False], ids=["mapped", "in memory"])
 @pytest.mark.parametrize("qt", TYPES, ids=lambda q: q.name)
-def test_a_model_in_the_format_runs_and_its_passes_agree(qt, tmp_path):
+def test_a_model_in_the_format_runs_and_its_passes_agree(qt, mmap, tmp_path):
     spec = TinySpec(qtype=int(qt), d_model=256, d_ff=512, n_head=4, n_head_kv=2, n_vocab=64, seed=2)
-    m = specdec.load(write_tiny_model(tmp_path / "m.gguf", spec))
+    path = write_tiny_model(tmp_path / "m.gguf", spec)
+    m = specdec.load(path, mmap=mmap)
     ids = [1, 5, 9, 13, 2, 7]
     s = m.session(16)
     whole = s.eval(ids)                                                            # one pass of 6 rows
     s.reset()
     step = np.stack([s.eval([t])[-1] for t in ids])                                # six one-row passes
     assert np.array_equal(whole.view(np.uint32), step.view(np.uint32))
+    other = specdec.load(path, mmap=not mmap).session(16).eval(ids)                # file rows vs layouts
+    assert np.array_equal(whole.view(np.uint32), other.view(np.uint32))
     assert len(m.generate([1, 2], n_predict=4, ignore_eos=True, draft="prompt-lookup").ids) == 4
 
 
