@@ -8,7 +8,8 @@ Modules: registry (each weight array's kernels, bound at load), drivers (the one
 prange drivers), formats (the table of GGML format facts), ir (the LLVM IR helpers of the
 ``*_ir.py`` files), legacy / legacy_ir / repack / legacy_amx (Q4_0 … Q8_0, F32, F16, BF16),
 kquants / kquants_ir / kquants_decode / kquants_dequant / kquants_x16 / kquants_x16_ir /
-kquants_x16_amx / q8k (K-quants),
+kquants_x16_amx / q8k (K-quants), iquants (IQ4_NL, IQ4_XS, MXFP4: their own kernels, and
+the layouts made at load: Q8_0 rows, IQ4_XS expanded),
 float_act / dequant_ir (float activations; dequant_ir's
 block decoders also serve the row lookup), q8_act (Q8_0 /
 Q8_1 activations), attention / attention_ir / attention_tree (the tree mask), ops (norms,
@@ -20,7 +21,8 @@ Contract of the quantized matmul kernels (``matmul``):
          float16 (N, K) for F16, float32 (N, K) for F32;
          for the ``registry.REPACKED`` ids, a legacy quant's 8-row records (repack.py, the
          same shape and bytes); for the ``registry.INTERLEAVED`` ids, an array (N/16, ·) of
-         16-row interleaved K-quant records (kquants_x16.py)
+         16-row interleaved K-quant records (kquants_x16.py); for ``registry.EXPANDED_XS``,
+         IQ4_XS rows with their values expanded to int8 (iquants.py)
     x    float32 (M, K), C-contiguous activations
     out  float32 (M, N); out[m] depends on x[m] only and is *bitwise identical*
          whatever M is and whatever the other rows hold (row independence).

@@ -37,7 +37,7 @@ def test_chunked_prompt_gives_the_solo_answer_and_others_keep_decoding(models, k
         alone = sch.submit(clone(job, logprobs=3)).wait(TIMEOUT)
         assert alone.ids == solo(target, job) and sch.metrics.prefill_chunks == 0   # alone: whole
         steps = []
-        other = Job(prompt(2, 6), 40, GREEDY, ignore_eos=True,
+        other = Job(prompt(2, 6), 200, GREEDY, ignore_eos=True,          # decoding through the whole prefill
                     on_event=lambda k, v: steps.append(sch.metrics.steps) if k == "text" else None)
         sch.submit(other)
         while not steps:
