@@ -43,11 +43,17 @@ E8M0_HALF = np.array([e8m0_half(e) for e in range(256)], np.float32)    # (256,)
 
 
 @njit(cache=True, nogil=True)
+def _half(w, n, at):
+    """The fp16 field at bytes at, at + 1 of row n, as float32 (exact)."""
+    return half_bits_to_f32(np.uint16(w[n, at]) | (np.uint16(w[n, at + 1]) << np.uint16(8)))
+
+
+@njit(cache=True, nogil=True)
 def _scale32(w, n, b, mx, e8):
     """The weight scale of 32-value block b of row n (IQ4_NL: fp16 d; MXFP4: E8M0 half)."""
     if mx:
         return e8[w[n, b * 17]]
-    return half_bits_to_f32(np.uint16(w[n, b * 18]) | (np.uint16(w[n, b * 18 + 1]) << np.uint16(8)))
+    return _half(w, n, b * 18)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -87,7 +93,7 @@ def _matmul_xs(w, kv, xq, xd, out):
         ls = np.empty(8, np.int32)
         for b in range(nb):
             base = b * 136
-            d = half_bits_to_f32(np.uint16(w[n, base]) | (np.uint16(w[n, base + 1]) << np.uint16(8)))
+            d = _half(w, n, base)
             h = np.int32(w[n, base + 2]) | (np.int32(w[n, base + 3]) << 8)
             for g in range(8):
                 ls[g] = ((np.int32(w[n, base + 4 + g // 2]) >> (4 * (g % 2))) & 15) | (((h >> (2 * g)) & 3) << 4)
@@ -137,7 +143,7 @@ def _rows_xs(w, kv, ids, out):
         n = ids[i]
         for b in range(out.shape[1] // 256):
             base = b * 136
-            d = half_bits_to_f32(np.uint16(w[n, base]) | (np.uint16(w[n, base + 1]) << np.uint16(8)))
+            d = _half(w, n, base)
             h = np.int32(w[n, base + 2]) | (np.int32(w[n, base + 3]) << 8)
             for g in range(8):
                 ls = ((np.int32(w[n, base + 4 + g // 2]) >> (4 * (g % 2))) & 15) | (((h >> (2 * g)) & 3) << 4)
@@ -230,7 +236,7 @@ def _matmul_xs8(w, xq, xd, out):
             out[m, n] = np.float32(0.0)
         for b in range(nb):
             base = b * 266
-            d = half_bits_to_f32(np.uint16(w[n, base]) | (np.uint16(w[n, base + 1]) << np.uint16(8)))
+            d = _half(w, n, base)
             for m in range(m_rows):
                 d4d8 = np.float32(d * xd[b, m])
                 acc = out[m, n]
@@ -253,7 +259,7 @@ def _rows_xs8(w, ids, out):
         n = ids[i]
         for b in range(out.shape[1] // 256):
             base = b * 266
-            d = half_bits_to_f32(np.uint16(w[n, base]) | (np.uint16(w[n, base + 1]) << np.uint16(8)))
+            d = _half(w, n, base)
             for g in range(8):
                 dl = np.float32(d * np.float32(np.int8(w[n, base + 2 + g])))
                 for j in range(32):

@@ -205,7 +205,7 @@ def iquant_rows(qtype: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     kv = np.array(_KV.get(qtype, _KV_NL), np.int32)
     if qtype == IQ4_XS:
         blk = w.reshape(n, -1, 136)
-        d = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)          # (N, nb)
+        d = _f16(blk, 0)                                                               # (N, nb)
         h = blk[:, :, 2].astype(np.int32) | (blk[:, :, 3].astype(np.int32) << 8)
         g = np.arange(8)
         lo = (blk[:, :, 4 + g // 2].astype(np.int32) >> (4 * (g % 2))) & 15            # (N, nb, 8)
@@ -217,7 +217,7 @@ def iquant_rows(qtype: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     if qtype == MXFP4:
         d = (2.0 ** (blk[:, :, 0].astype(np.float64) - 128)).astype(np.float32)         # exact powers of 2
     else:
-        d = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        d = _f16(blk, 0)
     qs = blk[:, :, at:]
     return kv[np.concatenate([qs & 15, qs >> 4], axis=-1)], d, None
 

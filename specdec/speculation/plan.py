@@ -207,7 +207,6 @@ class PlannedLength(AdaptiveLength):
 
     def __init__(self, costs: Costs, n_max: int, *, counts: bool, alpha_model: float = 0.75,
                  ledger: Ledger | None = None, **adaptive):
-        adaptive.pop("n_min", None)
         super().__init__(n_max=n_max, n_min=0, growth_prior=1.0,
                          shape=tuple(costs.target.rel(m) for m in range(1, n_max + 2)), **adaptive)
         self.costs, self.counts, self.alpha_model = costs, bool(counts), float(alpha_model)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..speculation.calibration import PassCosts
-from ..speculation.plan import FREE_DRAFT, MODEL_ALPHA, Costs, PlanInput, PlannedLength, choose
+from ..speculation.plan import MODEL_ALPHA, Costs, PlanInput, PlannedLength, choose
 from ..speculation.policies import DRAFT_N_MAX, StepFeedback
 
 AUTO_N_MAX = 8          # api/plan.py's: the defaults' bound (DRAFT_N_MAX with a prediction)
@@ -140,4 +140,4 @@ def with_draft(target: PassCosts, c: float = 0.35, prefill: float = 0.05) -> Cos
     return Costs(target, replace(target, row_s=c * target.row_s, prefill_tok_s=prefill * target.row_s))
 
 
-__all__ = ["Offers", "Trace", "Outcome", "replay", "linear_costs", "table_costs", "with_draft", "FREE_DRAFT"]
+__all__ = ["Offers", "Trace", "Outcome", "replay", "linear_costs", "table_costs", "with_draft"]
