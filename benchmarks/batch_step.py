@@ -2,7 +2,7 @@
 
 For B = 1, 2, 4, 8 sequences, each with --n-past cached positions (default 200), and r = 1, 2,
 4, 6, 9 new rows per sequence (r = 1: plain decode; r > 1: a verification of r - 1 drafted
-tokens plus the bonus row), the median wall time of one model.eval_batch step (logits for
+tokens plus the bonus row), the median wall time of one transformer.eval_batch step (logits for
 every row, as verification needs), and the derived aggregate rows/s = B·r / step time and
 the gain over running the B sequences' steps one after another (B · t(1, r) / t(B, r)).
 This is what a continuous-batching server's scheduler needs to know: how much drafting
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import specdec
-from specdec.engine.model import eval_batch
+from specdec.engine.transformer import eval_batch
 from common import QWEN_DRAFT, QWEN_TARGET, machine_info, warm_up, write_json
 
 BS = (1, 2, 4, 8)

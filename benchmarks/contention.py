@@ -3,10 +3,10 @@ idle and beside 1 and 2 busy processes, for each parallel runtime, with llama.cp
 
 A busy process is `python -c "while True: pass"`, started after the kernels are warm and
 killed after the timings of its level.  Each runtime runs in its own process (Numba's
-threading layer is chosen once per process, kernels/threads.py):
+threading layer is chosen once per process, kernels/threading_layer.py):
 
     default        the default: oneTBB on every thread
-    tbb adaptive   oneTBB with the thread count chosen per pass (engine/threads.py)
+    tbb adaptive   oneTBB with the thread count chosen per pass (engine/thread_count.py)
     omp            OpenMP static shares on every thread (the default before)
     omp passive    the same with OMP_WAIT_POLICY=passive (idle threads sleep, do not spin)
     tbb            oneTBB on every thread, no governor
@@ -69,7 +69,7 @@ def worker(levels: list[int], n_predict: int, speculative: bool) -> None:
     """One runtime (set by the environment): a JSON line per busy level."""
     import specdec
     from specdec.api.request import AUTO_DRAFT_QUANT
-    from specdec.engine import threads
+    from specdec.engine import thread_count as threads
     from common import warm_up
     if os.environ.get("BENCH_CHUNKSIZE"):
         import numba

@@ -27,7 +27,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import specdec
-from specdec.api.plan import DraftPlan
+from specdec.api.drafting import DraftPlan
 from specdec.api.request import AUTO_DRAFT_QUANT, DraftOptions
 from specdec.kernels.cpu import verify_growth
 from common import QWEN_DRAFT, QWEN_TARGET, load_prompts, machine_info, timed_configs, warm_up, write_json

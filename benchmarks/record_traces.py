@@ -77,7 +77,7 @@ def main(argv=None) -> None:
     import re
 
     import specdec
-    from specdec.api.plan import AUTO_VOCAB
+    from specdec.api.drafting import AUTO_VOCAB
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--code", type=int, default=4, help="code-edit prompts, with their prediction")

@@ -248,7 +248,7 @@ def main(argv=None) -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     import specdec
     from dataclasses import asdict
-    from specdec.api.plan import DraftPlan
+    from specdec.api.drafting import DraftPlan
     from specdec.frontends.bench import llamacpp_build, llamacpp_dir
     target = specdec.load(a.target)
     draft = specdec.load(a.draft, requant="q4_0") if any(m in methods for m in SPECDEC[1:] if m not in

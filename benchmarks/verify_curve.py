@@ -47,7 +47,7 @@ import numpy as np
 from numba import njit, prange
 
 import specdec
-import specdec.engine.model as model_mod
+import specdec.engine.transformer as model_mod
 from specdec.kernels import cpu, registry
 from specdec.models import llamacpp
 from specdec.frontends.bench import llamacpp_forward_ms

@@ -43,7 +43,7 @@ TOKEN_PATH = [
 
 
 def modules() -> dict[str, Path]:
-    """'engine.model' -> file, for specdec/ and kernels/ ('kernels.ops')."""
+    """'engine.transformer' -> file, for specdec/ and kernels/ ('kernels.ops')."""
     out = {}
     for base, prefix in ((ROOT / "specdec", ""), (ROOT / "kernels", "kernels.")):
         for f in sorted(base.rglob("*.py")):
@@ -57,7 +57,7 @@ def modules() -> dict[str, Path]:
 
 
 def package_of(module: str, mods: dict[str, Path]) -> str:
-    """The package a module lives in ('speculation.drafters.model' -> 'speculation.drafters');
+    """The package a module lives in ('speculation.drafters.draft_model' -> 'speculation.drafters');
     top-level modules of specdec (errors.py) are their own node."""
     if mods[module].name == "__init__.py":
         return module

@@ -33,8 +33,8 @@ import numpy as np
 
 from . import cpu
 cpu.force_path()            # SPECDEC_KERNELS, before anything below compiles (cpu.py)
-from . import threads  # noqa: E402
-threads.choose()            # SPECDEC_THREADING: the parallel runtime, before any region runs (threads.py)
+from . import threading_layer  # noqa: E402
+threading_layer.choose()    # SPECDEC_THREADING: the parallel runtime, before any region runs
 from .registry import KERNELS, SUPPORTED_TYPES  # noqa: E402,F401
 
 

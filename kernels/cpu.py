@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from numba.core import config
 from numba.core.codegen import get_host_cpu_features
 
-from . import amx, threads
+from . import amx, threading_layer
 from .ir import cpu_features, have_avx2, have_f16c, have_vnni256, have_vnni512
 
 KERNELS_ENV = "SPECDEC_KERNELS"
@@ -141,7 +141,7 @@ def _cache_dir(name: str) -> str:
 def check_path() -> None:
     """ValueError (one line) when SPECDEC_KERNELS names a path this host cannot run (for
     amx: also when the OS or the process's permission stands in the way, amx.status())."""
-    threads.check()                        # SPECDEC_THREADING names a layer
+    threading_layer.check()                        # SPECDEC_THREADING names a layer
     if "error" in _forced:
         raise ValueError(_forced["error"])
     if _forced.get("path") == "amx" and not amx.available():
@@ -193,7 +193,7 @@ def describe() -> dict:
     return {"cpu": c.model_name, "cpu_vendor": c.vendor, "cpu_family": c.family, "cpu_model": c.model,
             "cpu_stepping": c.stepping, "cpu_microarchitecture": c.microarchitecture,
             "cpu_simd": list(c.simd), "cpu_flags": list(c.flags), "kernel_paths": kernel_paths(),
-            **threads.describe()}
+            **threading_layer.describe()}
 
 
 # The verify-cost prior: what an extra verification row costs relative to a one-row pass, per

@@ -1,11 +1,11 @@
 """Test doubles: fake model sessions and random-number generators that enumerate branches.
 
-FakeSession follows the Session contract of specdec.engine.model (eval / truncate / reset, n_past,
+FakeSession follows the Session contract of specdec.engine.transformer (eval / truncate / reset, n_past,
 n_ctx, n_vocab) with logits that are a fixed pseudo-random function of the last `window`
 tokens of the context: deterministic, context dependent, and bitwise identical whatever the
 batch size.  A pair factory returns (target, draft) sessions; tests parametrize over
 PAIR_FACTORIES: 'fake' (FakeSession), 'synth' (tiny random-weight GGUF transformers of
-tests/synth.py, run by specdec.engine.model) and 'synth_moe' (the same with experts); a new
+tests/synth.py, run by specdec.engine.transformer) and 'synth_moe' (the same with experts); a new
 kind of model is one more entry with the same signature.  As everywhere: p is the target's distribution, q the draft's.
 """
 from __future__ import annotations

@@ -20,7 +20,7 @@ from ..speculation.drafters import Drafter, SuffixStore
 from ..errors import ConfigError, GGUFError
 from ..engine import prepared, resources
 from ..engine.gguf_file import GGUFFile, should_map
-from ..engine.model import ModelSession
+from ..engine.transformer import ModelSession
 from ..engine.weights import Weights
 from ..engine.requant import Requant
 from ..speculation.policies import DraftPolicy
@@ -109,7 +109,7 @@ class Model:
     # -- numbers -------------------------------------------------------------------------
     def session(self, n_ctx: int | None = None, n_logits: int | None = None) -> ModelSession:
         """A fresh KV cache over this model's weights (each holds its own context); n_logits:
-        compute the logits of ids below it only (model.ModelSession)."""
+        compute the logits of ids below it only (transformer.ModelSession)."""
         return ModelSession(self.config, self.weights, int(n_ctx or self.n_ctx), n_logits,
                             source=self.path)
 

@@ -25,7 +25,7 @@ from ..speculation.policies import (POLICY_NAMES, AdaptiveLength, DraftPolicy, F
 from ..generation.sampling import NumpyRandom, SamplerParams
 from ..speculation.speculative import check_tree_k, speculative_steps
 from ..speculation.trace import TraceSink
-from .plan import (AUTO_DRAFT_QUANT, AUTO_N_MAX, AUTO_STOP_AFTER, AUTO_VOCAB, SEED_N, SEED_P,  # noqa: F401
+from .drafting import (AUTO_DRAFT_QUANT, AUTO_N_MAX, AUTO_STOP_AFTER, AUTO_VOCAB, SEED_N, SEED_P,  # noqa: F401
                    DraftPlan, Load)
 
 
@@ -64,7 +64,7 @@ class DraftOptions:
 
     Defaults that pay (`auto`): with none of n, p, policy given, a draft model drafts as
     'hybrid' (prompt lookup where the context repeats itself, the model elsewhere), and per
-    request the drafting plan (api/plan.py, DraftPlan) decides whether the model drafts at
+    request the drafting plan (api/drafting.py, DraftPlan) decides whether the model drafts at
     all, the window of the prompt it sees and the length per step in 0..AUTO_N_MAX, by
     predicted tokens per second from this host's calibrated pass costs; with any of them
     given they mean what llama.cpp's flags mean (threshold policy, n 5, p 0.9 for the ones not
@@ -127,7 +127,7 @@ class DraftOptions:
     def length_policy(self) -> DraftPolicy:
         """The draft-length policy these options name (class docstring); with tree > 1 and
         no length setting, llama.cpp's threshold (SEED_N, SEED_P).  Per request the drafting
-        plan may replace it (api/plan.py)."""
+        plan may replace it (api/drafting.py)."""
         return DraftPlan(self, None).length_policy()
 
     def draft_vocab(self, model) -> int | None:
@@ -197,7 +197,7 @@ class Completion:
 
 class Runner:
     """What requests run on: one target session (its own KV cache), the drafting plan of
-    `draft` (api/plan.py: the drafter and policy built from it, chosen per request), one random
+    `draft` (api/drafting.py: the drafter and policy built from it, chosen per request), one random
     generator (`seed`; None: fresh entropy) and the end-of-generation ids.  A conversation
     keeps one Runner for all its turns; the server one per request.  `store`: the SuffixStore
     its requests draft from and are remembered in (or None)."""

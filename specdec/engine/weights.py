@@ -104,7 +104,7 @@ class Weights:
         def opt_vec(name, n):
             return vec(name, n) if name in gf.tensors else None
 
-        def lin(name, n_in, n_out, bias=False, exact=False, table=False, head=False):
+        def lin(name, n_in, n_out, bias=False, float_act=False, table=False, head=False):
             seen.add(name)
             t = _info(gf, name, (n_in, n_out))
             if t.ggml_type not in SUPPORTED_TYPES:
@@ -116,10 +116,10 @@ class Weights:
                 qtype, w = prepared.extra[key]
                 if key == name:
                     gf.release(name)                            # the file's bytes are not read again
-                return Linear(name, w, qtype, n_in, n_out, b, exact)
+                return Linear(name, w, qtype, n_in, n_out, b, float_act)
             if prepared is not None and prepared.image is not None and name in prepared.rewritten:
-                return Linear(name, gf.tensor(name), prepared.rewritten[name], n_in, n_out, b, exact)
-            w, qtype = _prepare(gf, name, t.ggml_type, n_in, n_out, requant, exact, table, head)
+                return Linear(name, gf.tensor(name), prepared.rewritten[name], n_in, n_out, b, float_act)
+            w, qtype = _prepare(gf, name, t.ggml_type, n_in, n_out, requant, float_act, table, head)
             if qtype != t.ggml_type:
                 if np.shares_memory(w, gf.tensor(name)):
                     if record is not None:
@@ -129,7 +129,7 @@ class Weights:
                         record.extra[key] = (qtype, w)
                     if key == name:
                         gf.release(name)
-            return Linear(name, w, qtype, n_in, n_out, b, exact)
+            return Linear(name, w, qtype, n_in, n_out, b, float_act)
 
         layers = []
         for i in range(cfg.n_layer):
@@ -140,23 +140,23 @@ class Weights:
             fused_qkv, fused_ffn = p + "attn_qkv.weight" in gf.tensors, cfg.arch == "phi3"
             biases = cfg.arch in ("llama", "mistral3")   # optional wo / ffn biases (llama.cpp's llama)
             qkv = ((None,) * 3 if fused_qkv else
-                   tuple(lin(p + f"attn_{n}.weight", D, size, bias=True, exact=float_act)
+                   tuple(lin(p + f"attn_{n}.weight", D, size, bias=True, float_act=float_act)
                          for n, size in (("q", H * Dh), ("k", Hkv * Dh), ("v", Hkv * Dh))))
             layers.append(Layer(
                 attn_norm=vec(p + "attn_norm.weight", D),
                 wq=qkv[0], wk=qkv[1], wv=qkv[2],
-                wo=lin(p + "attn_output.weight", H * Dh, D, bias=biases, exact=float_act),
+                wo=lin(p + "attn_output.weight", H * Dh, D, bias=biases, float_act=float_act),
                 ffn_norm=vec(p + "ffn_norm.weight", D),
-                w_gate=lin(p + "ffn_gate.weight", D, F, bias=biases, exact=float_act)
+                w_gate=lin(p + "ffn_gate.weight", D, F, bias=biases, float_act=float_act)
                 if dense and not fused_ffn else None,
-                w_up=lin(p + "ffn_up.weight", D, 2 * F if fused_ffn else F, bias=biases, exact=float_act)
+                w_up=lin(p + "ffn_up.weight", D, 2 * F if fused_ffn else F, bias=biases, float_act=float_act)
                 if dense else None,
-                w_down=lin(p + "ffn_down.weight", F, D, bias=biases, exact=float_act) if dense else None,
+                w_down=lin(p + "ffn_down.weight", F, D, bias=biases, float_act=float_act) if dense else None,
                 q_norm=vec(p + "attn_q_norm.weight", Dh) if qk_norm else None,
                 k_norm=vec(p + "attn_k_norm.weight", Dh) if qk_norm else None,
                 post_attn_norm=vec(p + "post_attention_norm.weight", D) if gemma else None,
                 post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if gemma else None,
-                wqkv=lin(p + "attn_qkv.weight", D, (H + 2 * Hkv) * Dh, bias=True, exact=float_act)
+                wqkv=lin(p + "attn_qkv.weight", D, (H + 2 * Hkv) * Dh, bias=True, float_act=float_act)
                 if fused_qkv else None,
                 moe=moe,
             ))
@@ -174,7 +174,7 @@ class Weights:
 
 
 def _prepare(gf: GGUFFile, name: str, stored: int, n_in: int, n_out: int, requant: Requant | None,
-             exact: bool, table: bool, head: bool):
+             float_act: bool, table: bool, head: bool):
     """(w, type id) of a matmul weight as the kernels read it: requantized into a new array,
     in its registry layout where the file is in memory, or the stored view as it is."""
     w, qtype = gf.tensor(name), stored
@@ -182,9 +182,9 @@ def _prepare(gf: GGUFFile, name: str, stored: int, n_in: int, n_out: int, requan
     if narrows(qtype, dst) and n_in % 32 == 0:     # (Q4_0 / Q5_0 / Q8_0 blocks of 32)
         # a new array in process memory: laid out below like an in-memory file's
         w, qtype = convert(w, qtype, dst, n_in), dst
-        if not exact and registry.layout_for(qtype, n_out) is not None:
+        if not float_act and registry.layout_for(qtype, n_out) is not None:
             w, qtype = registry.prepare(w, qtype)
-    elif (gf.in_memory and not exact and (new := registry.layout_for(qtype, n_out)) is not None
+    elif (gf.in_memory and not float_act and (new := registry.layout_for(qtype, n_out)) is not None
           and not (table and narrows(qtype, requant and requant.head))):
         # weights in process memory: K-quants of 16k rows into new arrays of 16-row
         # interleaved records; legacy quants rewritten in place into 8-row records; a table

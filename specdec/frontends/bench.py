@@ -128,7 +128,7 @@ def machine_info() -> dict:
     and the date.  Every benchmark JSON carries it."""
     import numba
     from ..kernels import cpu
-    from ..engine.threads import describe as threads_mode
+    from ..engine.thread_count import describe as threads_mode
     info = {**cpu.describe(), "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
             "threads_mode": threads_mode()["threads_mode"],
             "python": platform.python_version(), "numba": numba.__version__,

@@ -51,9 +51,9 @@ def cmd_info(a) -> int:
 def _runtime() -> str:
     """The parallel runtime in one line: Numba's threading layer and how threads are chosen."""
     import numba
-    from ..engine.threads import describe
-    from ..kernels import threads
-    layer = threads.describe()
+    from ..engine.thread_count import describe
+    from ..kernels import threading_layer
+    layer = threading_layer.describe()
     note = f" ({layer['threading_note']})" if "threading_note" in layer else ""
     mode = describe()["threads_mode"]                   # 'all threads' | 'adaptive' | 'fixed N'
     count = {"all threads": "every pass on all", "adaptive": "chosen per pass, up to"}.get(mode, mode + " of")

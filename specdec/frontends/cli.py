@@ -20,7 +20,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..models import registry
+from ..models import sources
 from ..kernels import cpu
 from ..engine import prepared
 from .flags import build_parser
@@ -179,8 +179,8 @@ def _load_models(a):
 
 
 def _set_threads(n: int) -> None:
-    from ..engine.threads import set_threads
-    set_threads(n)                          # -t N: fixed; unset, chosen per pass (engine/threads.py)
+    from ..engine.thread_count import set_threads
+    set_threads(n)                          # -t N: fixed; unset, chosen per pass (engine/thread_count.py)
 
 
 def cmd_run(a) -> int:
@@ -354,7 +354,7 @@ def cmd_serve(a) -> int:
     if getattr(a, "ray_replicas", 0):                # the same app as a Ray Serve deployment
         from .serve.ray import deploy
         return deploy(a, **serve_helpers())
-    from .serve.cli import serve
+    from .serve.launch import serve
     return serve(a, **serve_helpers())
 
 
@@ -377,7 +377,7 @@ def cmd_bench(a) -> int:
         _set_threads(a.threads)
     pairs = []
     default = ([] if a.no_speculative or getattr(a, "hf_pairs", None)
-               else [f"{registry.DEFAULT_TARGET}:{registry.DEFAULT_DRAFT}"])
+               else [f"{sources.DEFAULT_TARGET}:{sources.DEFAULT_DRAFT}"])
     for p in a.pair or default:
         target, sep, draft = p.partition(":")
         if not (sep and target and draft):

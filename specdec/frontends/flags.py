@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..models import registry
+from ..models import sources
 from ..errors import ConfigError
 from ..speculation.drafters.suffix import DEFAULT_STORE_TOKENS
 from ..speculation.policies import DRAFT_N_MAX
@@ -63,8 +63,8 @@ def _add_hf_flags(g) -> None:
 
 def _add_model_flags(g) -> None:
     """-m, -md and how the draft drafts (llama-cli / llama-server names)."""
-    g.add_argument("-m", "--model", default=registry.DEFAULT_TARGET, metavar="FNAME",
-                   help=f"target model: a GGUF path or a known id (default: {registry.DEFAULT_TARGET})")
+    g.add_argument("-m", "--model", default=sources.DEFAULT_TARGET, metavar="FNAME",
+                   help=f"target model: a GGUF path or a known id (default: {sources.DEFAULT_TARGET})")
     g.add_argument("-md", "--draft-model", "--model-draft", default=None, metavar="FNAME",
                    help="draft model (path or known id) for speculative decoding")
     _add_hf_flags(g)
@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="models for the decode benchmark (default: the four known models)")
     _add_hf_flags(p)
     p.add_argument("--pair", action="append", default=None, metavar="TARGET:DRAFT",
-                   help=f"a speculative pair, repeatable (default: {registry.DEFAULT_TARGET}:{registry.DEFAULT_DRAFT})")
+                   help=f"a speculative pair, repeatable (default: {sources.DEFAULT_TARGET}:{sources.DEFAULT_DRAFT})")
     p.add_argument("-o", "--out", default=None, metavar="DIR",
                    help="output folder (default: specdec-bench-DATE-TIME)")
     p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens per generation (default: 64)")

@@ -8,7 +8,7 @@ Generation is written once, as a coroutine over target passes (`plain.plain_step
 `speculative.speculative_steps`): each yields an `Eval` — "evaluate these ids on this
 session" — and is sent back its logits.  `drive` runs one request alone, eval by eval; the
 server's scheduler runs the pending Evals of many requests as one batched forward pass
-(model.eval_batch).  Each row's logits are the same bits either way (the kernels are row
+(transformer.eval_batch).  Each row's logits are the same bits either way (the kernels are row
 independent), so a request's answer never depends on who it shares a batch with.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ OnToken = Callable[[int, str], None]
 
 
 class Session(Protocol):
-    """One model plus its own KV cache, as generation drives it (model.ModelSession is the
+    """One model plus its own KV cache, as generation drives it (transformer.ModelSession is the
     engine's; tests substitute fakes)."""
     n_vocab: int              # V of the model
     n_logits: int             # logits computed per row: ids 0..n_logits-1 (<= n_vocab)

@@ -24,7 +24,7 @@ from typing import IO, Iterator, Mapping
 
 from ..errors import SpecdecError
 from . import hf, ollama
-from .registry import KNOWN_MODELS, ModelSource
+from .sources import KNOWN_MODELS, ModelSource
 
 try:  # POSIX advisory locks; elsewhere the atomic rename is the only guard.
     import fcntl

@@ -158,7 +158,7 @@ def host_table() -> tuple[float, ...]:
 
 def prior(row_s: float = 1.0) -> PassCosts:
     """The stand-in before a model is calibrated (module docstring); row_s in any unit: only
-    ratios between two models' priors matter, see plan.Costs.prior."""
+    ratios between two models' priors matter, see cost_model.Costs.prior."""
     return PassCosts.of_table(row_s, host_table(), PREFILL_PRIOR * row_s)
 
 

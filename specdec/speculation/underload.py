@@ -1,8 +1,8 @@
 """Drafting under a batch, without changing a token: a greedy request's policy capped by the
 batch size (`LoadCappedPolicy`; greedy output does not depend on the draft length) and a
 drafter whose prompt pass waits for its first proposal (`LazyPrefill`).  The drafting plan
-(api/plan.py, `DraftPlan.request`) decides when each applies; the server's caps table is
-frontends/serve/underload.py's DraftCaps.
+(api/drafting.py, `DraftPlan.request`) decides when each applies; the server's caps table is
+frontends/serve/draft_caps.py's DraftCaps.
 
 p is always the target's distribution, q the draft's.
 """

@@ -7,7 +7,7 @@ drafter is a trace (`Trace`, recorded by benchmarks/record_traces.py from the re
 drafter kind and answer position i, the key the drafter names for that context, how many
 tokens it would propose there (`offer`: 0 when a lookup has no match) and how many of them
 match the answer (`run`).  `replay` then runs the defaults' decisions on it — speculation/
-plan.py's `choose` for the request and its `PlannedLength` per step, as api/plan.py builds
+plan.py's `choose` for the request and its `PlannedLength` per step, as api/drafting.py builds
 them — priced by what the plan reads (`Costs`, a calibration) and charged by what the host
 really costs (`real`: a PassCosts table, optionally noisy): the predicted whole-request time
 beside plain's.  p is always the target's distribution, q the draft's.
@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from ..speculation.calibration import PassCosts
-from ..speculation.plan import MODEL_ALPHA, Costs, PlanInput, PlannedLength, choose
+from ..speculation.cost_model import MODEL_ALPHA, Costs, PlanInput, PlannedLength, choose
 from ..speculation.policies import DRAFT_N_MAX, StepFeedback
 
-AUTO_N_MAX = 8          # api/plan.py's: the defaults' bound (DRAFT_N_MAX with a prediction)
+AUTO_N_MAX = 8          # api/drafting.py's: the defaults' bound (DRAFT_N_MAX with a prediction)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Batched forward passes over several sequences (model.forward_batch / eval_batch): each
+"""Batched forward passes over several sequences (transformer.forward_batch / eval_batch): each
 sequence's logits and KV cache are bitwise those its own Session.eval gives, whatever the
 other sequences in the batch, their cached prefixes and their numbers of new rows."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import specdec
 from specdec.errors import ContextOverflowError
-from specdec.engine.model import eval_batch
+from specdec.engine.transformer import eval_batch
 from synth import TinySpec
 
 N_CTX = 64
@@ -112,10 +112,10 @@ def test_last_only_mixed_in_one_batch(load, case):
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[5], CASES[7]], ids=case_id)
 def test_long_prompts_in_passes_change_no_bit(load, case, monkeypatch):
-    """A prompt of more than model.UBATCH rows goes through in passes (forward), and a batch
+    """A prompt of more than transformer.UBATCH rows goes through in passes (forward), and a batch
     item of more than UBATCH rows passes its leading rows first (forward_batch): the logits
     and the caches are bitwise those of one pass over all the rows."""
-    from specdec.engine import model as model_mod
+    from specdec.engine import transformer as model_mod
     spec = case[0]
     m = load(*case)
     rng = np.random.default_rng(0)

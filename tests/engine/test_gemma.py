@@ -100,7 +100,7 @@ def reference_forward(gf, cfg, tokens, *, window=None, global_base=None, softcap
 
 
 def _ours(m, cfg, tokens):
-    from specdec.engine.model import ModelSession
+    from specdec.engine.transformer import ModelSession
     return ModelSession(cfg, m.weights, 64).eval(tokens).astype(np.float64)
 
 

@@ -202,7 +202,7 @@ def test_trimmed_head_of_records_is_the_first_logits(pair, n_logits):
     got = s.eval([1, 2, 3])
     assert got.shape == (3, n_logits) and got.flags.c_contiguous
     np.testing.assert_array_equal(got, full[:, :n_logits])
-    from specdec.engine.model import eval_batch
+    from specdec.engine.transformer import eval_batch
     a, b = draft.session(8, n_logits=n_logits), draft.session(8, n_logits=n_logits)
     for lg in eval_batch([a, b], [[1, 2, 3], [1, 2, 3]]):
         np.testing.assert_array_equal(lg, full[:, :n_logits])

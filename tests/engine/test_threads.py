@@ -1,5 +1,5 @@
-"""The parallel runtime: the threading layer (kernels/threads.py) and the thread count chosen
-per pass (engine/threads.py).  Neither may change a bit of the logits; the governor runs the
+"""The parallel runtime: the threading layer (kernels/threading_layer.py) and the thread count chosen
+per pass (engine/thread_count.py).  Neither may change a bit of the logits; the governor runs the
 faster count, notices a change, and yields to -t."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import specdec
-from specdec.engine import threads
-from specdec.engine.threads import GOVERNOR, MAX_INTERVAL, PassKind
+from specdec.engine import thread_count as threads
+from specdec.engine.thread_count import GOVERNOR, MAX_INTERVAL, PassKind
 from helpers import cli, one_line_error
 from synth import TinySpec
 
@@ -45,7 +45,7 @@ def test_governor_runs_the_faster_count_and_follows_a_change():
 
 def test_a_models_busiest_kind_of_pass_decides_for_all():
     import numba
-    from specdec.engine.threads import Governor
+    from specdec.engine.thread_count import Governor
     gov, key, ran = Governor(), ("m", 1), []
     gov.adaptive = True
     cores = numba.config.NUMBA_NUM_THREADS
@@ -73,8 +73,8 @@ def test_fixed_threads_turn_the_governor_off():
 
 
 def test_the_governor_is_on_where_the_layer_has_static_shares(monkeypatch):
-    from specdec.engine.threads import Governor
-    from specdec.kernels import threads as layer
+    from specdec.engine.thread_count import Governor
+    from specdec.kernels import threading_layer as layer
     monkeypatch.delenv("SPECDEC_ADAPTIVE_THREADS", raising=False)
     on_tbb = layer.describe()["threading_asked"] == "tbb"
     assert Governor().adaptive is not on_tbb
@@ -102,13 +102,13 @@ def test_logits_are_the_same_bits_on_any_thread_count(tiny_model, spec):
 LAYER_SCRIPT = """
 import hashlib, json, sys
 import numba, specdec
-from specdec.kernels import threads
+from specdec.kernels import threading_layer
 m = specdec.load(sys.argv[1], n_ctx=64)
 s = m.session(64)
 h = hashlib.sha256()
 for ids in ({ids}[:8], {ids}[8:9], {ids}[9:]):
     h.update(s.eval(ids).tobytes())
-print(json.dumps(dict(threads.describe(), ran=numba.threading_layer(), sha=h.hexdigest())))
+print(json.dumps(dict(threading_layer.describe(), ran=numba.threading_layer(), sha=h.hexdigest())))
 """.format(ids=IDS)
 
 

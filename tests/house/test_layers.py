@@ -18,7 +18,7 @@ LAYERS = [("kernels", 0), ("errors", 1),
 
 
 def module_files() -> dict[str, Path]:
-    """'engine.model' -> its file, for specdec/ and kernels/ (as 'kernels.x')."""
+    """'engine.transformer' -> its file, for specdec/ and kernels/ (as 'kernels.x')."""
     out = {}
     for base, prefix in ((ROOT / "specdec", ""), (ROOT / "kernels", "kernels.")):
         for f in base.rglob("*.py"):
@@ -113,7 +113,7 @@ def test_no_import_cycles():
 
 
 def package(name: str) -> str:
-    """'speculation.drafters.model' -> 'speculation'; a module at the top is its own."""
+    """'speculation.drafters.draft_model' -> 'speculation'; a module at the top is its own."""
     return name.split(".")[0]
 
 

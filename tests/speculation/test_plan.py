@@ -1,4 +1,4 @@
-"""The drafting plan (api/plan.py, speculation/plan.py, speculation/calibration.py): the
+"""The drafting plan (api/drafting.py, speculation/cost_model.py, speculation/calibration.py): the
 calibration cache is written, read and invalidated; the cost model picks the draft model only
 where it pays and bounds its prompt window; the draft's prompt pass never comes before the
 first token; a seeded request's tokens do not depend on the clock; greedy output stays plain's;
@@ -15,13 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec.api.plan import DraftPlan
+from specdec.api.drafting import DraftPlan
 from specdec.api.request import DraftOptions, Runner
 from specdec.errors import ConfigError
 from specdec.generation.sampling import SamplerParams
 from specdec.speculation import calibration
 from specdec.speculation.calibration import PassCosts
-from specdec.speculation.plan import (MODEL_ALPHA, WAIT_TOKENS, WINDOW_MAX, WINDOW_MIN, Costs, Ledger, PlanInput,
+from specdec.speculation.cost_model import (MODEL_ALPHA, WAIT_TOKENS, WINDOW_MAX, WINDOW_MIN, Costs, Ledger, PlanInput,
                                       PlannedLength, choose)
 from specdec.speculation.policies import StepFeedback
 from specdec.speculation.trace import StepRecord

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from ...api.plan import DraftPlan
+from ...api.drafting import DraftPlan
 from ...generation.sampling import SamplerParams
 from .logprobs import MAX_TOP
 from .scheduler import Job, Scheduler

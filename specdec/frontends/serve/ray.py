@@ -42,8 +42,8 @@ def require_ray(flag: str = "--ray-replicas"):
 
 def check(a, draft_options=None) -> None:
     """The Ray flags and every server flag that needs no model, checked before a cluster starts."""
-    from .cli import check_flags
-    from .underload import DraftCaps
+    from .launch import check_flags
+    from .draft_caps import DraftCaps
     if a.ray_replicas < 1:
         raise ConfigError(f"--ray-replicas must be >= 1, got {a.ray_replicas}")
     if a.ray_max_replicas is not None and a.ray_max_replicas < a.ray_replicas:
@@ -112,7 +112,7 @@ class Replica:
         threading.Thread(target=self._export, name="specdec-metrics", daemon=True).start()
 
     def _main(self, a, helpers: dict, ready: threading.Event) -> None:
-        from .cli import build
+        from .launch import build
         try:
             self.asgi, self.scheduler = build(a, **helpers)
         except BaseException as e:          # noqa: BLE001 - raised again by the constructor

@@ -8,12 +8,12 @@ it is waiting on.  One step:
   1. drop cancelled requests (coroutine.close(), slot freed) and admit queued ones into free
      slots (a Runner over the slot's own target session; its first Eval is the prompt);
   2. run all pending Evals — prompts, single decode rows and verification rows of drafted
-     tokens alike — as one `model.eval_batch` call: the weights are read once for all;
+     tokens alike — as one `transformer.eval_batch` call: the weights are read once for all;
   3. send each coroutine its logits; it samples / verifies, drafts its next tokens (a draft
      model runs inside the coroutine, per request) and yields its next Eval, or finishes.
 
 Every row's logits are the same bits whichever batch it is in (the kernels are row
-independent; model.eval_batch is bitwise each session's own eval), so a request's tokens
+independent; transformer.eval_batch is bitwise each session's own eval), so a request's tokens
 never depend on the load, with one lever left: how much a request drafts.  Greedy output is
 the same for any draft length, so greedy requests draft at most `DraftCaps.cap(batch size)`
 tokens (underload.py: a table chosen from measured step costs, docs/serve.md).  A sampled
@@ -28,15 +28,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ...engine.model import eval_batch
+from ...engine.transformer import eval_batch
 from ...errors import ConfigError, SpecdecError
 from ...generation.interfaces import Eval, EvalTree, GenerationResult, run_eval
-from ...api.plan import Load
+from ...api.drafting import Load
 from ...api.request import DraftOptions, Runner
 from ...generation.sampling import SamplerParams
 from ...text.tokenizer import StreamDecoder
 
-from .underload import DraftCaps
+from .draft_caps import DraftCaps
 from .logprobs import RowCursor, TokenLogprob, token_logprob
 from .metrics import Metrics
 from .tokenlog import TokenLog
@@ -160,7 +160,7 @@ class _Active:
 
 def run_evals(evals: Sequence[Eval]) -> list:
     """Every Eval's logits, or the exception its own eval raised (one failing request fails
-    alone); the Evals over one model's weights (and n_logits) run as one model.eval_batch
+    alone); the Evals over one model's weights (and n_logits) run as one transformer.eval_batch
     pass.  eval_batch changes no cache unless it succeeds, so a refused batch is rerun eval
     by eval to find who fails; an eval that succeeded is never run twice."""
     out: list = [None] * len(evals)
@@ -294,8 +294,8 @@ class Scheduler:
     def run(self) -> None:
         """Admit and step requests until close(): the scheduler's loop, in the calling thread
         (start=False) or in its own (start=True)."""
-        if self.threads:                    # the passes this thread runs (engine/threads.py)
-            from ...engine.threads import set_threads
+        if self.threads:                    # the passes this thread runs (engine/thread_count.py)
+            from ...engine.thread_count import set_threads
             set_threads(self.threads, this_thread=True)
         while True:
             with self._cv:

@@ -16,7 +16,7 @@ match lengths.  `prefill(context_ids)` does a drafter's share of the prompt phas
 drafter evaluates the prompt there, timed with the target's prefill as llama.cpp's
 speculative example times its encode phase, not as drafting).
 
-Drafters here, one module each: model.ModelDrafter (a small model), lookup.PromptLookupDrafter
+Drafters here, one module each: draft_model.ModelDrafter (a small model), lookup.PromptLookupDrafter
 (copies what followed an earlier occurrence of the context's last n-gram; q is one-hot),
 hybrid.HybridDrafter (lookup when it matches, the model otherwise), retok.RetokenizingDrafter (a
 draft model of another vocabulary, drafting greedily through text), suffix.SuffixDrafter (the
@@ -40,7 +40,7 @@ from .base import Draft, Drafter
 from .forced import ForcedDrafter
 from .hybrid import HybridDrafter
 from .lookup import Match, NgramIndex, PromptLookupDrafter, check_lookup_options
-from .model import ModelDrafter
+from .draft_model import ModelDrafter
 from .prediction import PredictionDrafter
 from .retok import RetokenizingDrafter
 from .suffix import SuffixDrafter, SuffixStore

@@ -10,7 +10,7 @@ from typing import Sequence
 from ...generation.sampling import Rng
 from .base import Draft, DraftTree, Drafter
 from .lookup import PromptLookupDrafter
-from .model import ModelDrafter
+from .draft_model import ModelDrafter
 from .suffix import SuffixDrafter
 
 
@@ -24,7 +24,7 @@ class HybridDrafter(Drafter):
     everything it missed in one batch (ModelDrafter's lazy catch-up).
 
     use_model: False drafts with the lookup alone (the drafting plan's choice for a request,
-    api/plan.py); wait: a request's first steps (after `prefill`), until its answer has this
+    api/drafting.py); wait: a request's first steps (after `prefill`), until its answer has this
     many tokens, draft with the lookup only (key 'wait' when it has no match), so that the
     draft model's prompt pass never delays the first token and a short answer never pays it
     (0: the model from the first step, its prompt pass in `prefill`)."""

@@ -57,7 +57,7 @@ def test_api_keys_from_flags_file_and_environment(model_files, tmp_path):
 
 def test_key_flags_and_the_open_address_warning(tmp_path):
     from specdec.errors import ConfigError
-    from specdec.frontends.serve.cli import api_keys, open_warning
+    from specdec.frontends.serve.launch import api_keys, open_warning
     assert "--api-key" in open_warning("0.0.0.0", ()) and "0.0.0.0" in open_warning("0.0.0.0", ())
     assert open_warning("0.0.0.0", ("k",)) is None and open_warning("127.0.0.1", ()) is None
     assert open_warning("::1", ()) is None and open_warning("localhost", ()) is None

@@ -13,7 +13,7 @@ from specdec.errors import ConfigError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec.frontends.serve.underload import DraftCaps
+from specdec.frontends.serve.draft_caps import DraftCaps
 from specdec.frontends.serve.scheduler import Cancelled, Job, QueueFull, Scheduler, _TextTracker
 from specdec.api.request import DraftOptions, Runner
 from specdec.generation.sampling import SamplerParams

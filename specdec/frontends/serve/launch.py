@@ -92,7 +92,7 @@ def build(a, *, load, draft_options, set_threads, log, quant=None):
     except ImportError as e:             # the optional server stack is not installed
         raise ConfigError(f"specdec serve needs {e.name or 'FastAPI and uvicorn'}: "
                           f"pip install 'specdec[serve]'") from None
-    from .underload import DraftCaps
+    from .draft_caps import DraftCaps
     from .scheduler import Scheduler
     keys = check_flags(a)
     params = SamplerParams(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p)

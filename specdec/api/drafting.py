@@ -7,7 +7,7 @@
                          a conversation's drafter keeps its caches across turns)
   request(...)           per request: the prediction in front (drafters.PredictionDrafter), the
                          defaults' choice among no drafting, the free drafters, the draft model
-                         and their hybrid with its prompt window (speculation/plan.py's cost
+                         and their hybrid with its prompt window (speculation/cost_model.py's cost
                          model, `choose`), the length policy (PlannedLength: per step, n in
                          0..n_max by predicted tokens per second), and under a batch the load
                          caps and the lazy prompt pass (speculation/underload.py)
@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 from ..speculation import calibration
 from ..speculation.drafters import Drafter, HybridDrafter, ModelDrafter, PredictionDrafter, make_drafter
 from ..speculation.drafters.prediction import SOURCE as PREDICTED
-from ..speculation.plan import FREE, MODEL_ALPHA, Choice, Costs, Ledger, PlanInput, PlannedLength, choose
+from ..speculation.cost_model import FREE, MODEL_ALPHA, Choice, Costs, Ledger, PlanInput, PlannedLength, choose
 from ..speculation.policies import DRAFT_N_MAX, DraftPolicy, make_policy
 from ..speculation.underload import LazyPrefill, LoadCappedPolicy
 
@@ -153,7 +153,7 @@ class DraftPlan:
 
     def ledger(self, greedy: bool) -> Ledger:
         """The acceptance measured so far on this target/draft pair in this process (unseeded
-        requests only; speculation/plan.py)."""
+        requests only; speculation/cost_model.py)."""
         key = (getattr(self.target, "path", id(self.target)),
                getattr(self.options.model, "path", id(self.options.model)), bool(greedy))
         return _LEDGERS.setdefault(key, Ledger())

@@ -1,13 +1,11 @@
-"""How `specdec serve` drafts under load, without changing a token: greedy requests draft at
-most `DraftCaps.cap(batch size)` tokens per step (`LoadCappedPolicy`; greedy output does not
-depend on the draft length), and a draft model's prompt pass waits for its first proposal
-(`LazyPrefill`) instead of running unbatched while the whole batch waits."""
+"""The server's table of draft caps under load: greedy requests draft at most
+`DraftCaps.cap(batch size)` tokens per step (applied by speculation/underload.py's
+`LoadCappedPolicy`; greedy output does not depend on the draft length)."""
 from __future__ import annotations
 
 from ...errors import ConfigError
-from ...speculation.underload import LazyPrefill, LoadCappedPolicy
 
-__all__ = ["DEFAULT_CAPS", "DEFAULT_LOOKUP_CAPS", "DraftCaps", "LazyPrefill", "LoadCappedPolicy"]
+__all__ = ["DEFAULT_CAPS", "DEFAULT_LOOKUP_CAPS", "DraftCaps"]
 
 
 # From the measured cost t(M) of a target pass over M rows and d of a draft token (run per

@@ -26,7 +26,7 @@ from .config import ROPE_NEOX, ModelConfig
 from ..errors import ConfigError, NumericalError
 from ..generation.interfaces import Session
 from .kv_cache import KVCache
-from .threads import GOVERNOR
+from .thread_count import GOVERNOR
 from .weights import Layer, Linear, Weights
 
 UBATCH = 128       # rows per pass of a long prompt (docs/architecture.md, "Tuned constants")
@@ -128,7 +128,7 @@ class Item:
 
 
 @dataclass(frozen=True)
-class Plan:
+class RowLayout:
     """Where each item's rows sit in the pass."""
     toks: list            # (M_i,) int64 each
     rows: list            # item i: x[rows[i]] (slices of the M rows)
@@ -136,7 +136,7 @@ class Plan:
     tree: tuple | None    # (depth (T,), anc (T, T)) of a single item's tree_mask
 
 
-def _plan(items: list[Item], tree) -> Plan:
+def _row_layout(items: list[Item], tree) -> RowLayout:
     """Check the items (rows, distinct caches, room) and lay their rows end to end."""
     toks = [np.asarray(it.tokens, np.int64) for it in items]                      # (M_i,) each
     if not items or min(len(t) for t in toks) == 0:
@@ -152,25 +152,25 @@ def _plan(items: list[Item], tree) -> Plan:
                           for it, t in zip(items, toks)])                         # own position
     if tree is not None:
         pos = items[0].start + tree[0]                                            # n_past + depth
-    return Plan(toks, rows, pos, tree)
+    return RowLayout(toks, rows, pos, tree)
 
 
 def _forward(cfg: ModelConfig, w: Weights, items: list[Item], head: Linear | None,
              tree: tuple[np.ndarray, np.ndarray] | None = None, stats: list | None = None) -> list[np.ndarray]:
     """The body of forward, forward_batch and forward_tree: embed, the layers, the head."""
-    plan = _plan(items, tree)
-    x = get_rows(w.tok_embd, w.tok_embd_type, np.concatenate(plan.toks), cfg.d_model)  # (M, D)
+    layout = _row_layout(items, tree)
+    x = get_rows(w.tok_embd, w.tok_embd_type, np.concatenate(layout.toks), cfg.d_model)  # (M, D)
     if cfg.embed_scale != 1.0:
         x *= np.float32(cfg.embed_scale)
     rope_cs: dict[tuple, np.ndarray] = {}                       # (base, local) -> cos, sin
     for il, L in enumerate(w.layers):
-        _layer(cfg, w, il, L, x, items, plan, rope_cs, stats)
-    for it, t in zip(items, plan.toks):
+        _layer(cfg, w, il, L, x, items, layout, rope_cs, stats)
+    for it, t in zip(items, layout.toks):
         it.cache.n_past = it.start + len(t)
-    return _logits(cfg, w, x, items, plan, head)
+    return _logits(cfg, w, x, items, layout, head)
 
 
-def _layer(cfg: ModelConfig, w: Weights, il: int, L: Layer, x: np.ndarray, items, plan: Plan,
+def _layer(cfg: ModelConfig, w: Weights, il: int, L: Layer, x: np.ndarray, items, layout: RowLayout,
            rope_cs: dict, stats: list | None = None) -> None:
     """Layer il on the residual stream x (M, D), in place; each item's keys and values
     stored in its cache, attention per item over its own cache; stats (MoE): gets the
@@ -187,7 +187,7 @@ def _layer(cfg: ModelConfig, w: Weights, il: int, L: Layer, x: np.ndarray, items
     local = cfg.is_local_layer(il)
     base = cfg.rope_base_local if local else cfg.rope_base
     if (base, local) not in rope_cs:
-        rope_cs[base, local] = rope_cos_sin(plan.pos, cfg.rope_dim, base, 1.0 if local else cfg.rope_freq_scale,
+        rope_cs[base, local] = rope_cos_sin(layout.pos, cfg.rope_dim, base, 1.0 if local else cfg.rope_freq_scale,
                                             rope_factors(cfg, w, local))         # (M, rope_dim/2, 2)
     if cfg.uses_rope(il):                            # smollm3: every 4th layer has none
         rope_apply(q, rope_cs[base, local], cfg.rope_type == ROPE_NEOX)          # row m at pos[m]
@@ -197,12 +197,12 @@ def _layer(cfg: ModelConfig, w: Weights, il: int, L: Layer, x: np.ndarray, items
     att = np.empty((M, H, Dh), dtype=np.float32)                                 # (M, H, Dh)
     scale = np.float32(1.0 if gemma else cfg.attn_scale)
     window = cfg.sliding_window if local else 0
-    for it, r in zip(items, plan.rows):
+    for it, r in zip(items, layout.rows):
         it.cache.store(il, it.start, k[r], v[r])                                 # (M_i, Hkv, Dh)
-        if plan.tree is None:
-            attention(q[r], it.cache.k[il], it.cache.v[il], plan.pos[r], scale, window, att[r])
+        if layout.tree is None:
+            attention(q[r], it.cache.k[il], it.cache.v[il], layout.pos[r], scale, window, att[r])
         else:
-            attention_tree(q, it.cache.k[il], it.cache.v[il], it.start, plan.tree[0], plan.tree[1],
+            attention_tree(q, it.cache.k[il], it.cache.v[il], it.start, layout.tree[0], layout.tree[1],
                            scale, window, att)
     o = L.wo(att.reshape(M, H * Dh))                                             # (M, D)
     if L.post_attn_norm is not None:
@@ -220,21 +220,21 @@ def _layer(cfg: ModelConfig, w: Weights, il: int, L: Layer, x: np.ndarray, items
     x += f
 
 
-def _logits(cfg: ModelConfig, w: Weights, x: np.ndarray, items, plan: Plan,
+def _logits(cfg: ModelConfig, w: Weights, x: np.ndarray, items, layout: RowLayout,
             head: Linear | None) -> list[np.ndarray]:
     """The output norm and head over the rows that need logits (an item's last, or all of
     them) -> (M'_i, V) per item."""
     last = [it.last_only for it in items]
     if any(last):
         x = x[np.concatenate([np.arange(r.stop - 1 if lo else r.start, r.stop)
-                              for r, lo in zip(plan.rows, last)])]               # (ΣM'_i, D)
+                              for r, lo in zip(layout.rows, last)])]               # (ΣM'_i, D)
     rms_norm(x, w.out_norm, cfg.norm_eps, x)
     logits = (head or w.output)(x)                                               # (ΣM'_i, V)
     if cfg.final_logit_softcap > 0:                  # gemma3 files that set one
         logits *= np.float32(1.0 / cfg.final_logit_softcap)
         np.tanh(logits, out=logits)
         logits *= np.float32(cfg.final_logit_softcap)
-    n_kept = [1 if lo else len(t) for t, lo in zip(plan.toks, last)]              # M'_i: 1 or M_i
+    n_kept = [1 if lo else len(t) for t, lo in zip(layout.toks, last)]              # M'_i: 1 or M_i
     return np.split(logits, np.cumsum(n_kept)[:-1])                              # (M'_i, V) each
 
 

@@ -104,7 +104,7 @@ class Governor:
         into static shares (omp, workqueue) and off on oneTBB, whose work stealing kept as
         much beside a busy process without it and lost nothing idle (docs/robustness.md)."""
         if self._adaptive is None:
-            from ..kernels import threads as layer
+            from ..kernels import threading_layer as layer
             self._adaptive = layer.describe()["threading_asked"] != "tbb"
         return self._adaptive
 
