@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from ..errors import GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
 
-SUPPORTED_ARCHS = ("llama", "mistral3", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "qwen3moe")
+SUPPORTED_ARCHS = ("llama", "mistral3", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "qwen3moe", "qwen35")
+HYBRID_ARCHS = ("qwen35",)           # Gated DeltaNet layers beside gated attention (engine/qwen35.py)
 MOE_ARCHS = ("llama", "qwen3moe")   # a router and experts where the file names an expert_count
 MAX_EXPERTS = 512                    # llama.cpp's LLAMA_MAX_EXPERTS
 MAX_COUNT = 1 << 24      # bound on every integer hyper-parameter (layers, widths, context)
@@ -16,7 +17,8 @@ MAX_COUNT = 1 << 24      # bound on every integer hyper-parameter (layers, width
 # NORM rotates adjacent pairs (x[2i], x[2i+1]); NEOX rotates halves (x[i], x[i + d/2]).
 ROPE_NORM, ROPE_NEOX = 0, 2
 _ROPE_TYPE = {"llama": ROPE_NORM, "mistral3": ROPE_NORM, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "phi3": ROPE_NEOX,
-              "smollm3": ROPE_NORM, "gemma3": ROPE_NEOX, "qwen3moe": ROPE_NEOX}
+              "smollm3": ROPE_NORM, "gemma3": ROPE_NEOX, "qwen3moe": ROPE_NEOX,
+              "qwen35": ROPE_NEOX}   # qwen35: interleaved M-RoPE, on text NEOX pairs (engine/qwen35.py)
 NO_ROPE_PERIOD = {"smollm3": 4}   # layer il skips RoPE iff (il + 1) % period == 0 (hparams.n_no_rope_layer_step)
 
 
@@ -50,6 +52,18 @@ class ModelConfig:
     d_ff_exp: int = 0                # each expert's FFN width
     expert_norm: bool = True         # renormalise the k weights to sum 1
     expert_scale: float = 1.0        # then multiply them by this
+    # qwen35 (engine/qwen35.py, engine/deltanet.py): which layers are Gated DeltaNet layers
+    recurrent: tuple[bool, ...] = ()  # per layer (empty: none)
+    ssm_conv_kernel: int = 0         # K taps of the causal conv1d (ssm.conv_kernel)
+    ssm_d_state: int = 0             # S: key and value head size (ssm.state_size)
+    ssm_n_k_heads: int = 0           # Hk (ssm.group_count)
+    ssm_n_v_heads: int = 0           # Hv (ssm.time_step_rank); ssm.inner_size = Hv S
+    rope_sections: tuple[int, ...] = ()   # rope.dimension_sections (interleaved M-RoPE)
+    n_nextn: int = 0                 # nextn_predict_layers: MTP blocks after the n_layer layers
+
+    @property
+    def is_hybrid(self) -> bool:
+        return any(self.recurrent)
 
     @property
     def is_moe(self) -> bool:
@@ -103,6 +117,8 @@ class ModelConfig:
             raise GGUFError(f"{gf.path}: tensor 'token_embd.weight' has shape {list(emb.dims)}, expected 2-D")
         n_vocab = emb.dims[1]
         n_layer = count("block_count")
+        hybrid = _hybrid(gf, arch, key, count, n_layer, d_head) if arch in HYBRID_ARCHS else {}
+        n_layer -= hybrid.get("n_nextn", 0)
         rope_dim = count("rope.dimension_count", d_head, lo=2, hi=d_head)
         if rope_dim % 2:
             raise GGUFError(f"{gf.path}: {arch}.rope.dimension_count {rope_dim} is odd")
@@ -140,7 +156,7 @@ class ModelConfig:
             final_logit_softcap=softcap,
             rope_freq_scale=1.0 if arch == "gemma3" else _linear_rope_scale(gf, arch, key),
             no_rope_period=NO_ROPE_PERIOD.get(arch, 0),
-            **moe,
+            **moe, **hybrid,
         )
 
 
@@ -205,3 +221,35 @@ def _experts(gf: GGUFFile, arch: str, key, count, real) -> dict:
         width = count("feed_forward_length")
     return dict(n_expert=n_expert, n_expert_used=used, d_ff_exp=width, expert_norm=norm,
                 expert_scale=scale if scale not in (0.0, 1.0) else 1.0)
+
+
+def _hybrid(gf: GGUFFile, arch: str, key, count, n_all: int, d_head: int) -> dict:
+    """qwen35's fields of ModelConfig, as llama_model_qwen35::load_arch_hparams reads them:
+    nextn_predict_layers MTP blocks follow the block_count - nextn trunk layers; a layer is
+    recurrent by attention.recurrent_layers, else unless (il + 1) % full_attention_interval
+    (default 4) == 0.  llama.cpp's graph needs d_inner = Hv S, Hv a multiple of Hk, and
+    value and key heads of one size."""
+    n_nextn = count("nextn_predict_layers", 0, lo=0, hi=1)
+    n_layer = n_all - n_nextn
+    if n_layer < 1:
+        raise GGUFError(f"{gf.path}: {arch}.block_count {n_all} leaves no layer beside {n_nextn} nextn blocks")
+    flags = key("attention.recurrent_layers", [])
+    if flags:
+        if len(flags) < n_layer or any(not isinstance(f, (bool, int)) for f in flags):
+            raise GGUFError(f"{gf.path}: {arch}.attention.recurrent_layers is {flags!r:.60}, expected {n_all} flags")
+        recurrent = tuple(bool(f) for f in flags[:n_layer])
+    else:
+        interval = count("full_attention_interval", 4)
+        recurrent = tuple((il + 1) % interval != 0 for il in range(n_layer))
+    S, Hk, Hv = count("ssm.state_size"), count("ssm.group_count"), count("ssm.time_step_rank")
+    if Hv % Hk or count("ssm.inner_size") != Hv * S:
+        raise GGUFError(f"{gf.path}: {arch}.ssm: {Hv} value heads of {S} do not fit {Hk} key heads and "
+                        f"inner_size {key('ssm.inner_size')}")
+    if count("attention.value_length", d_head) != d_head:
+        raise UnsupportedModelError(f"{gf.path}: {arch}.attention.value_length differs from key_length")
+    sections = key("rope.dimension_sections", [0, 0, 0, 0])
+    if len(sections) != 4 or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in sections) \
+            or not any(sections[:3]):
+        raise GGUFError(f"{gf.path}: {arch}.rope.dimension_sections is {sections!r:.60}, expected 4 counts")
+    return dict(recurrent=recurrent, ssm_conv_kernel=count("ssm.conv_kernel", lo=2, hi=64), ssm_d_state=S,
+                ssm_n_k_heads=Hk, ssm_n_v_heads=Hv, rope_sections=tuple(sections), n_nextn=n_nextn)

@@ -23,9 +23,11 @@ from ..kernels.attention_tree import attention_tree, tree_mask
 from ..kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_sin, swiglu
 
 from .config import ROPE_NEOX, ModelConfig
-from ..errors import ConfigError, NumericalError
+from ..errors import ConfigError, NumericalError, UnsupportedModelError
 from ..generation.interfaces import Session
 from .kv_cache import KVCache
+from .qwen35 import hybrid_layer, new_hybrid_cache
+from .recurrent import HybridCache
 from .thread_count import GOVERNOR
 from .weights import Layer, Linear, Weights
 
@@ -64,27 +66,30 @@ def rope_factors(cfg: ModelConfig, w: Weights, local: bool) -> np.ndarray:
 
 
 def forward(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarray, start_pos: int,
-            last_only: bool = False, head: Linear | None = None, stats: list | None = None) -> np.ndarray:
+            last_only: bool = False, head: Linear | None = None, stats: list | None = None,
+            hidden: dict | None = None) -> np.ndarray:
     """tokens (M,) at positions start_pos.. -> logits (M, V), or (1, V) for the last row only;
     head: an output layer to use instead of w.output (Session's n_logits: its first rows);
-    stats: a MoE model appends, per layer and pass, the number of distinct experts woken.
+    stats: a MoE model appends, per layer and pass, the number of distinct experts woken;
+    hidden: {cache: []} gets, per pass, the (M, D) hidden state of every row, the head's input
+    rms(x)·output_norm (what llama.cpp hands an MTP head: t_h_nextn), whatever last_only says.
 
     Writes the new keys/values into `cache` at start_pos..start_pos+M-1 and sets n_past.
     A prompt of more than UBATCH rows goes through in passes of UBATCH rows (each row's
     logits are the same bits in any pass: only the activations' working set changes)."""
     if len(tokens) <= UBATCH:
-        return _forward(cfg, w, [Item(cache, tokens, start_pos, last_only)], head, stats=stats)[0]
+        return _forward(cfg, w, [Item(cache, tokens, start_pos, last_only)], head, stats=stats, hidden=hidden)[0]
     parts = []
     for i in range(0, len(tokens), UBATCH):
         chunk = tokens[i:i + UBATCH]
-        out = _forward(cfg, w, [Item(cache, chunk, start_pos + i, last_only)], head, stats=stats)[0]
+        out = _forward(cfg, w, [Item(cache, chunk, start_pos + i, last_only)], head, stats=stats, hidden=hidden)[0]
         if not last_only or i + UBATCH >= len(tokens):
             parts.append(out)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def forward_batch(cfg: ModelConfig, weights: Weights, items, head: Linear | None = None,
-                  stats: list | None = None) -> list[np.ndarray]:
+                  stats: list | None = None, hidden: dict | None = None) -> list[np.ndarray]:
     """One forward pass over the new rows of several sequences of one model: items is a
     sequence of (cache, tokens, last_only), each cache its own KVCache, its tokens (M_i,) at
     positions cache.n_past..; returns each item's logits, (M_i, V) or (1, V) for last_only.
@@ -95,10 +100,10 @@ def forward_batch(cfg: ModelConfig, weights: Weights, items, head: Linear | None
     item of more than UBATCH rows (a whole prompt) passes its leading rows alone first, in
     `forward`'s passes, and joins the batch with its last UBATCH."""
     items = [(c, np.asarray(t), lo) for c, t, lo in items]
-    leads = [forward(cfg, weights, c, t[:len(t) - UBATCH], c.n_past, lo, head) if len(t) > UBATCH else None
-             for c, t, lo in items]
+    leads = [forward(cfg, weights, c, t[:len(t) - UBATCH], c.n_past, lo, head, hidden=hidden)
+             if len(t) > UBATCH else None for c, t, lo in items]
     outs = _forward(cfg, weights, [Item(c, t[-UBATCH:], c.n_past, lo) for c, t, lo in items], head,
-                    stats=stats)
+                    stats=stats, hidden=hidden)
     return [o if lead is None or lo else np.concatenate([lead, o])
             for (_, _, lo), lead, o in zip(items, leads, outs)]
 
@@ -111,6 +116,9 @@ def forward_tree(cfg: ModelConfig, w: Weights, cache: KVCache, tokens: np.ndarra
 
     Node i's keys/values go to slot n_past + i at RoPE position n_past + depth(i); n_past is
     left as it was (the tree rows are pending until KVCache.move puts a path in place)."""
+    if cfg.is_hybrid:
+        raise UnsupportedModelError(f"{cfg.arch}: a token tree needs an attention-only model (its recurrent "
+                                    "state keeps one path)")
     start = cache.n_past
     depth, anc = tree_mask(np.asarray(parents, np.int64))
     out = _forward(cfg, w, [Item(cache, tokens, start, False)], head, tree=(depth, anc), stats=stats)[0]
@@ -144,7 +152,8 @@ def _row_layout(items: list[Item], tree) -> RowLayout:
     if len({id(it.cache) for it in items}) != len(items):
         raise ValueError("forward_batch: each item needs its own KV cache")
     for it, t in zip(items, toks):
-        it.cache.n_past = min(it.cache.n_past, it.start)
+        if it.start < it.cache.n_past:
+            it.cache.truncate(it.start)         # (a recurrent state rolls back: engine/recurrent.py)
         it.cache.check_room(it.start - it.cache.n_past + len(t))
     ends = np.cumsum([len(t) for t in toks])                                      # (B,) row ends
     rows = [slice(e - len(t), e) for t, e in zip(toks, ends)]
@@ -156,18 +165,37 @@ def _row_layout(items: list[Item], tree) -> RowLayout:
 
 
 def _forward(cfg: ModelConfig, w: Weights, items: list[Item], head: Linear | None,
-             tree: tuple[np.ndarray, np.ndarray] | None = None, stats: list | None = None) -> list[np.ndarray]:
+             tree: tuple[np.ndarray, np.ndarray] | None = None, stats: list | None = None,
+             hidden: dict | None = None) -> list[np.ndarray]:
     """The body of forward, forward_batch and forward_tree: embed, the layers, the head."""
     layout = _row_layout(items, tree)
+    if cfg.is_hybrid:
+        for it, t in zip(items, layout.toks):
+            _rebuild(cfg, w, it.cache)
+            it.cache.rec.begin(it.start, t)
     x = get_rows(w.tok_embd, w.tok_embd_type, np.concatenate(layout.toks), cfg.d_model)  # (M, D)
     if cfg.embed_scale != 1.0:
         x *= np.float32(cfg.embed_scale)
     rope_cs: dict[tuple, np.ndarray] = {}                       # (base, local) -> cos, sin
     for il, L in enumerate(w.layers):
-        _layer(cfg, w, il, L, x, items, layout, rope_cs, stats)
+        if cfg.is_hybrid:
+            hybrid_layer(cfg, il, L, x, items, layout.rows, layout.pos, rope_cs)
+        else:
+            _layer(cfg, w, il, L, x, items, layout, rope_cs, stats)
     for it, t in zip(items, layout.toks):
         it.cache.n_past = it.start + len(t)
-    return _logits(cfg, w, x, items, layout, head)
+    return _logits(cfg, w, x, items, layout, head, hidden)
+
+
+def _rebuild(cfg: ModelConfig, w: Weights, cache: HybridCache) -> None:
+    """A recurrent state truncated to before its last pass (recurrent.py, `stale`): the kept
+    positions' tokens evaluated again from position 0 (the same bits as before)."""
+    n = cache.rec.stale
+    if n:
+        ids = cache.rec.ids[:n].copy()
+        cache.rec.reset()
+        cache.n_past = 0
+        forward(cfg, w, cache, ids, 0, last_only=True)
 
 
 def _layer(cfg: ModelConfig, w: Weights, il: int, L: Layer, x: np.ndarray, items, layout: RowLayout,
@@ -221,14 +249,20 @@ def _layer(cfg: ModelConfig, w: Weights, il: int, L: Layer, x: np.ndarray, items
 
 
 def _logits(cfg: ModelConfig, w: Weights, x: np.ndarray, items, layout: RowLayout,
-            head: Linear | None) -> list[np.ndarray]:
+            head: Linear | None, hidden: dict | None = None) -> list[np.ndarray]:
     """The output norm and head over the rows that need logits (an item's last, or all of
-    them) -> (M'_i, V) per item."""
+    them) -> (M'_i, V) per item; hidden: gets every row's normed x per item's cache."""
     last = [it.last_only for it in items]
+    if hidden is not None:
+        rms_norm(x, w.out_norm, cfg.norm_eps, x)
+        for it, r in zip(items, layout.rows):
+            if it.cache in hidden:
+                hidden[it.cache].append(x[r].copy())                             # (M_i, D)
     if any(last):
         x = x[np.concatenate([np.arange(r.stop - 1 if lo else r.start, r.stop)
                               for r, lo in zip(layout.rows, last)])]               # (ΣM'_i, D)
-    rms_norm(x, w.out_norm, cfg.norm_eps, x)
+    if hidden is None:
+        rms_norm(x, w.out_norm, cfg.norm_eps, x)
     logits = (head or w.output)(x)                                               # (ΣM'_i, V)
     if cfg.final_logit_softcap > 0:                  # gemma3 files that set one
         logits *= np.float32(1.0 / cfg.final_logit_softcap)
@@ -254,9 +288,12 @@ class ModelSession(Session):
     def __init__(self, cfg: ModelConfig, weights: Weights, n_ctx: int, n_logits: int | None = None,
                  source: str = "model"):
         self.cfg, self.weights, self.source = cfg, weights, source
-        self.cache = KVCache(cfg.n_layer, cfg.n_head_kv, n_ctx, cfg.d_head)
+        self.cache = (new_hybrid_cache(cfg, n_ctx) if cfg.is_hybrid
+                      else KVCache(cfg.n_layer, cfg.n_head_kv, n_ctx, cfg.d_head))
         self._tree: tuple[int, tuple[int, ...]] | None = None   # (start, parents) of eval_tree
         self.last_experts: tuple[int, ...] = ()   # MoE: distinct experts per layer, last pass
+        self.keep_hidden = False                  # set: eval keeps its rows' hidden states ...
+        self.last_hidden: np.ndarray | None = None  # ... (M, D), rms(x)·output_norm (forward's hidden)
         self.n_logits = cfg.n_vocab if n_logits is None else int(n_logits)
         if not 1 <= self.n_logits <= cfg.n_vocab:
             raise ConfigError(f"--draft-vocab must be in 1..{cfg.n_vocab}, got {n_logits}")
@@ -279,9 +316,11 @@ class ModelSession(Session):
         self._tree = None
         start = self.cache.n_past
         stats = self._stats()
+        hidden = {self.cache: []} if self.keep_hidden else None
         logits = self._trim(GOVERNOR.run(self._key, len(tokens), lambda: forward(
-            self.cfg, self.weights, self.cache, tokens, start, last_only, self._head, stats)))
+            self.cfg, self.weights, self.cache, tokens, start, last_only, self._head, stats, hidden)))
         self._keep(stats)
+        self.last_hidden = np.concatenate(hidden[self.cache]) if hidden else None
         _check_finite([self], [start], [logits])
         return logits
 
@@ -369,8 +408,12 @@ def eval_batch(sessions, token_lists, last_only: bool | Sequence[bool] = False) 
     toks = [s._checked(t) for s, t in zip(sessions, token_lists)]
     starts = [s.n_past for s in sessions]
     stats = s0._stats()
+    hidden = {s.cache: [] for s in sessions if s.keep_hidden} or None
     out = GOVERNOR.run(s0._key, sum(map(len, toks)), lambda: forward_batch(
-        s0.cfg, s0.weights, [(s.cache, t, lo) for s, t, lo in zip(sessions, toks, last)], s0._head, stats))
+        s0.cfg, s0.weights, [(s.cache, t, lo) for s, t, lo in zip(sessions, toks, last)], s0._head, stats,
+        hidden))
+    for s in sessions:
+        s.last_hidden = np.concatenate(hidden[s.cache]) if hidden and s.cache in hidden else None
     for s in sessions:                  # the batch's pass: the experts all its rows woke
         s._keep(stats)
     out = [s0._trim(lg) for lg in out]

@@ -16,7 +16,9 @@ from ..kernels.registry import KERNELS, SUPPORTED_TYPES, Kernel
 from .config import ModelConfig
 from ..errors import ConfigError, GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
+from .deltanet import DeltaNet, load_deltanet
 from .moe import MoE, load_moe
+from .qwen35 import MTPHead, shape_of
 from .prepared import Prepared
 from .requant import Requant, convert, narrows
 
@@ -64,6 +66,7 @@ class Layer:
     post_ffn_norm: np.ndarray | None = None   # (D,)   gemma3
     wqkv: Linear | None = None                # (D) -> ((H + 2 Hkv) * Dh): attn_qkv (phi3)
     moe: MoE | None = None                    # router and experts in place of the dense FFN
+    deltanet: DeltaNet | None = None          # qwen35: a Gated DeltaNet layer in place of attention
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class Weights:
     out_norm: np.ndarray             # (D,)
     output: Linear                   # (D) -> (V); the embedding table when tied
     rope_freqs: np.ndarray | None = None   # (rope_dim/2,) Llama 3.1+ frequency divisors
+    mtp: MTPHead | None = None             # qwen35 with nextn tensors: the MTP block (engine/qwen35.py)
 
     @classmethod
     def from_gguf(cls, gf: GGUFFile, cfg: ModelConfig, activations: str = "auto",
@@ -131,9 +135,19 @@ class Weights:
                         gf.release(name)
             return Linear(name, w, qtype, n_in, n_out, b, float_act)
 
+        def f32(name, dims):
+            seen.add(name)
+            t = _info(gf, name, dims)
+            if t.ggml_type != GGMLQuantizationType.F32:
+                raise UnsupportedModelError(f"{gf.path}: tensor {name!r} is {t.type_name}, expected F32")
+            return gf.tensor(name).reshape(dims[::-1])
+
         layers = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
+            if cfg.is_hybrid:
+                layers.append(_qwen35_layer(gf, cfg, p, cfg.recurrent[i], lin, vec, f32, float_act))
+                continue
             gemma, qk_norm = cfg.arch == "gemma3", cfg.arch in ("gemma3", "qwen3", "qwen3moe")
             moe = load_moe(gf, cfg, p, lin, seen, float_act) if cfg.is_moe else None
             dense = moe is None
@@ -169,8 +183,44 @@ class Weights:
             output = emb
         out_norm = vec("output_norm.weight", D)
         rope_freqs = opt_vec("rope_freqs.weight", cfg.rope_dim // 2) if cfg.arch == "llama" else None
+        mtp = None
+        if cfg.n_nextn:
+            p = f"blk.{cfg.n_layer}."
+            table = (lin(p + "nextn.embed_tokens.weight", D, V, table=True)
+                     if p + "nextn.embed_tokens.weight" in gf.tensors else emb)
+            mtp = MTPHead(eh_proj=lin(p + "nextn.eh_proj.weight", 2 * D, D, float_act=float_act),
+                          enorm=vec(p + "nextn.enorm.weight", D), hnorm=vec(p + "nextn.hnorm.weight", D),
+                          layer=_qwen35_layer(gf, cfg, p, False, lin, vec, f32, float_act),
+                          head_norm=opt_vec(p + "nextn.shared_head_norm.weight", D)
+                          if p + "nextn.shared_head_norm.weight" in gf.tensors else out_norm,
+                          head=lin(p + "nextn.shared_head_head.weight", D, V, head=True)
+                          if p + "nextn.shared_head_head.weight" in gf.tensors else output,
+                          embed=table.w, embed_type=table.qtype)
         _refuse_unread(gf, seen)
-        return cls(emb.w, emb.qtype, tuple(layers), out_norm, output, rope_freqs)
+        return cls(emb.w, emb.qtype, tuple(layers), out_norm, output, rope_freqs, mtp)
+
+
+def _qwen35_layer(gf: GGUFFile, cfg: ModelConfig, p: str, recurrent: bool, lin, vec, f32, float_act) -> Layer:
+    """A qwen35 block (engine/qwen35.py): a Gated DeltaNet layer or gated attention (attn_q
+    of 2 H Dh rows: each head's query, then its gate; q/k norms), then post_attention_norm
+    (kept as ffn_norm: the FFN's input norm) and a SwiGLU FFN."""
+    D, H, Hkv, Dh, F = cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_ff
+
+    def mm(name, n_in, n_out):
+        return lin(p + name + ".weight", n_in, n_out, float_act=float_act)
+    attn = not recurrent
+    return Layer(
+        attn_norm=vec(p + "attn_norm.weight", D),
+        wq=mm("attn_q", D, 2 * H * Dh) if attn else None,
+        wk=mm("attn_k", D, Hkv * Dh) if attn else None,
+        wv=mm("attn_v", D, Hkv * Dh) if attn else None,
+        wo=mm("attn_output", H * Dh, D) if attn else None,
+        ffn_norm=vec(p + "post_attention_norm.weight", D),
+        w_gate=mm("ffn_gate", D, F), w_up=mm("ffn_up", D, F), w_down=mm("ffn_down", F, D),
+        q_norm=vec(p + "attn_q_norm.weight", Dh) if attn else None,
+        k_norm=vec(p + "attn_k_norm.weight", Dh) if attn else None,
+        deltanet=load_deltanet(gf, shape_of(cfg), D, p, lambda n, k, m: lin(n, k, m, float_act=float_act),
+                               vec, f32) if recurrent else None)
 
 
 def _prepare(gf: GGUFFile, name: str, stored: int, n_in: int, n_out: int, requant: Requant | None,
