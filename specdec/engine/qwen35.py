@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels import get_rows
 from ..kernels.attention import attention
 from ..kernels.delta_rule import mul_sigmoid
 from ..kernels.ops import rms_norm, rms_norm_heads, rope_apply, rope_cos_sin, swiglu
@@ -127,3 +128,34 @@ def new_hybrid_cache(cfg, n_ctx: int) -> HybridCache:
         rec_of.append(n_rec if r else -1)
         n_kv, n_rec = n_kv + (not r), n_rec + r
     return HybridCache(n_kv, cfg.n_head_kv, n_ctx, cfg.d_head, shape_of(cfg), tuple(kv_of), tuple(rec_of))
+
+
+def mtp_forward(cfg, mtp: MTPHead, cache, tokens: np.ndarray, hidden: np.ndarray, start: int,
+                head=None) -> tuple[np.ndarray, np.ndarray]:
+    """The MTP block (llama.cpp's qwen35 graph_mtp) over M rows at positions start..: row m
+    joins token tokens[m]'s embedding and the hidden state hidden[m] (M, D) -> (logits (M, V),
+    or (M, head.n_out) with `head`, e.g. a trimmed copy of mtp.head; the block's own hidden
+    state (M, D), rms(x)·head_norm, the next chained step's input).  cache: the block's own
+    KVCache of one layer (kv_cache.KVCache(1, n_head_kv, n_ctx, d_head)); n_past becomes
+    start + M (rows from start on are overwritten)."""
+    tokens = np.asarray(tokens, np.int64)
+    M, D = len(tokens), cfg.d_model
+    if start < cache.n_past:
+        cache.truncate(start)
+    cache.check_room(start - cache.n_past + M)
+    e = get_rows(mtp.embed, mtp.embed_type, tokens, D)                           # (M, D)
+    eh = np.empty((M, 2 * D), np.float32)                                        # [enorm(e) | hnorm(h)]
+    rms_norm(e, mtp.enorm, cfg.norm_eps, eh[:, :D])
+    rms_norm(np.ascontiguousarray(hidden, np.float32), mtp.hnorm, cfg.norm_eps, eh[:, D:])
+    x = mtp.eh_proj(eh)                                                          # (M, D)
+    L = mtp.layer
+    pos = np.arange(start, start + M, dtype=np.int64)
+    h = np.empty_like(x)
+    rms_norm(x, L.attn_norm, cfg.norm_eps, h)
+    cs = rope_cos_sin(pos, cfg.rope_dim, cfg.rope_base, cfg.rope_freq_scale,
+                      rope_pairs(cfg.rope_dim, cfg.rope_sections))
+    x += gated_attention(cfg, L, h, [cache], 0, [start], [slice(0, M)], pos, cs)
+    ffn_block(cfg, L, x, h)
+    rms_norm(x, mtp.head_norm, cfg.norm_eps, x)
+    cache.n_past = start + M
+    return (head or mtp.head)(x), x
