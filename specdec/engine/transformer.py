@@ -24,7 +24,7 @@ from ..kernels.ops import geglu, rms_norm, rms_norm_heads, rope_apply, rope_cos_
 
 from .config import ROPE_NEOX, ModelConfig
 from ..errors import ConfigError, NumericalError, UnsupportedModelError
-from ..generation.interfaces import Session
+from ..generation.interfaces import Routing, Session
 from .kv_cache import KVCache
 from .qwen35 import hybrid_layer, new_hybrid_cache
 from .recurrent import HybridCache
@@ -331,6 +331,11 @@ class ModelSession(Session):
         """last_experts: the last pass's distinct experts per layer (a long prompt's last chunk)."""
         if stats:
             self.last_experts = tuple(stats[-self.cfg.n_layer:])
+
+    def routing(self) -> Routing | None:
+        """interfaces.Session.routing: (E, k, last_experts) of an MoE model, None for a dense one."""
+        c = self.cfg
+        return Routing(c.n_expert, c.n_expert_used, self.last_experts) if c.is_moe else None
 
     def _trim(self, logits: np.ndarray) -> np.ndarray:
         """(M, n_rows) -> (M, n_logits): the head's rows past n_logits (a record's tail)."""

@@ -18,9 +18,19 @@ from typing import Callable, Generator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-# (token_id, kind); kind: 'sampled' | 'accepted' | 'predicted' | 'correction' | 'bonus'
-OnToken = Callable[[int, str], None]
+# (token_id, kind) -> True to stop generation after this token (a stop string), else None/False;
+# kind: 'sampled' | 'accepted' | 'predicted' | 'correction' | 'bonus'
 #   ('predicted': an accepted draft token that came from the user's prediction)
+OnToken = Callable[[int, str], "bool | None"]
+
+
+@dataclass(frozen=True)
+class Routing:
+    """A mixture-of-experts model's routing: E experts, k of them per row, and the distinct
+    experts per layer its last pass woke."""
+    n_expert: int             # E
+    n_used: int               # k
+    woken: tuple[int, ...]    # (n_layer,) distinct experts per layer, last pass (() before any)
 
 
 class Session(Protocol):
@@ -39,6 +49,10 @@ class Session(Protocol):
 
     def reset(self) -> None:
         """truncate(0)."""
+
+    def routing(self) -> Routing | None:
+        """An MoE model's routing after its last pass; None for a dense model (this default)."""
+        return None
 
     # multi-candidate verification (--draft-tree) also needs, on the target:
     #   eval_tree(tokens, parents) -> (T, n_logits): row i the logits after i's root-to-i path
