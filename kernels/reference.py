@@ -20,6 +20,10 @@ The tests compare the kernels with these bit for bit.
     fma32(a, b, c)                  a·b + c rounded once to float32 (llvm.fma), element-wise
     moe_route(logits, k, norm, s)   the router's softmax, top-k and renormalisation (experts.route)
     moe_ffn(...)                    the k experts of each row, one row at a time (experts.expert_ffn)
+    causal_conv_silu(state0, x, w)  the short causal conv1d and silu in float64 (delta_rule.causal_conv_silu)
+    gated_delta_rule(s0, q, k, v, g, beta)
+                                    the gated delta rule row by row in float64 -> (out, state)
+                                    (delta_rule.gated_delta_rule)
 """
 from __future__ import annotations
 
@@ -380,3 +384,30 @@ def moe_ffn(matmul, swiglu, gate, up, down, qtypes, x: np.ndarray, ids: np.ndarr
             o = matmul(down[e], qtypes[2], g)[0] * weights[m, j]                     # (D,)
             y[m] = o if j == 0 else y[m] + o
     return y
+
+
+def causal_conv_silu(state0: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """silu(sum_j w[:, j] xin[m + j]) over xin = [state0; x] in float64.   state0: (K-1, C),
+    x: (M, C), w: (C, K) -> (M, C)."""
+    K = w.shape[1]
+    xin = np.concatenate([state0, x]).astype(np.float64)                      # (K-1+M, C)
+    y = np.stack([(xin[m:m + K] * w.T.astype(np.float64)).sum(0) for m in range(len(x))])
+    return y / (1 + np.exp(-y))
+
+
+def gated_delta_rule(s0: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+                     beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """In float64, row by row, value head h with key head h % Hk:
+    S = e^g S;  S += beta (v - S k) kᵀ;  out = S q / sqrt(Dk).   s0: (Hv, Dv, Dk); q, k:
+    (M, Hk, Dk); v: (M, Hv, Dv); g, beta: (M, Hv) -> (out (M, Hv, Dv), the final state)."""
+    S = s0.astype(np.float64).copy()
+    M, Hk, Dk = q.shape
+    Hv = S.shape[0]
+    out = np.empty((M, Hv, S.shape[1]))
+    for m in range(M):
+        for h in range(Hv):
+            kk, qq = k[m, h % Hk].astype(np.float64), q[m, h % Hk].astype(np.float64)
+            S[h] *= math.exp(g[m, h])
+            S[h] += np.outer(beta[m, h] * (v[m, h] - S[h] @ kk), kk)
+            out[m, h] = S[h] @ qq / math.sqrt(Dk)
+    return out, S
