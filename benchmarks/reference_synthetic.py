@@ -8,9 +8,13 @@ router stays F32 as in real files), run through llama.cpp (llama-cpp-python,
 the version of tests/data/reference, built natively): the logits of every position of a
 fixed prompt (logits_all) and a greedy continuation with its margins.  The file itself is not
 committed: the test writes it again from the same spec and checks its SHA-256 against the one
-recorded here, so a changed writer is noticed instead of compared.
+recorded here, and fails when they differ, so a changed writer is noticed instead of compared.
 
-    python benchmarks/reference_synthetic.py [--out tests/data/reference/synthetic.json] [--add]
+    python benchmarks/reference_synthetic.py [--out tests/data/reference/synthetic.json] [--add | --refresh]
+
+--add keeps the records --out has and runs the specs it lacks; --refresh also runs again every
+record whose file, written now, is not the one recorded (a changed writer or spec), and drops
+records no spec here names.
 """
 from __future__ import annotations
 
@@ -98,22 +102,35 @@ def run_apart(path: Path) -> dict | None:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _current(rec: dict, spec: TinySpec, path: Path) -> bool:
+    """The record was made from this spec (a field it lacks: TinySpec's default) and this very file."""
+    def fields(s: TinySpec) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(s)))
+    kept = TinySpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in rec["spec"].items()})
+    return rec["sha256"] == sha256(path) and fields(kept) == fields(spec)
+
+
 def main() -> None:
     import llama_cpp
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("tests/data/reference/synthetic.json"))
     ap.add_argument("--add", action="store_true", help="keep the records --out has, run the specs it lacks")
+    ap.add_argument("--refresh", action="store_true",
+                    help="as --add, and run again the records whose file or spec is not the one recorded")
     a = ap.parse_args()
-    old = json.loads(a.out.read_text()) if a.add and a.out.exists() else {"models": {}}
-    if a.add and old.get("llama_cpp_python") not in (None, llama_cpp.__version__):
+    keep = a.add or a.refresh
+    old = json.loads(a.out.read_text()) if keep and a.out.exists() else {"models": {}}
+    if keep and old.get("llama_cpp_python") not in (None, llama_cpp.__version__):
         raise SystemExit(f"{a.out} was made with llama-cpp-python {old['llama_cpp_python']}, "
                          f"this is {llama_cpp.__version__}")
-    records = dict(old["models"])
+    records = {n: r for n, r in old["models"].items() if n in SPECS or not a.refresh}
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in SPECS.items():
-            if name in records:
-                continue
             path = write_tiny_model(Path(tmp) / f"{name}.gguf", spec)
+            rec = records.pop(name, None)
+            if rec is not None and (not a.refresh or _current(rec, spec, path)):
+                records[name] = rec
+                continue
             out = run_apart(path)
             print(name, "refused by llama.cpp" if out is None else f"greedy {out['greedy'][:8]}", flush=True)
             if out is not None:

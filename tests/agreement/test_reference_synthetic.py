@@ -5,9 +5,11 @@ qwen3moe top-3 of 8, a Mixtral-style llama file top-2 of 4; F32 and Q8_0 weights
 tests/data/reference/synthetic.json holds what llama.cpp (llama-cpp-python 0.3.36, built
 natively) computed on files written by specdec.testing.synth from the specs recorded there
 (benchmarks/reference_synthetic.py): the logits of every position of a 20-token prompt and a
-24-token greedy continuation with its margins.  The test writes each file again, checks its
-SHA-256 (a different writer or NumPy stream would compare other weights: skipped, saying so),
-and compares:
+24-token greedy continuation with its margins.  The test writes each file again and checks its
+SHA-256 against the recorded one: a different writer or NumPy stream would compare other weights,
+so a file that differs fails its cases, naming the command that runs llama.cpp on the new files
+(`python benchmarks/reference_synthetic.py --refresh`); the records must also be exactly the
+specs that script holds.  Then it compares:
 
 - logits: max |ours - llama.cpp| over all positions and tokens <= LOGIT_BOUND[weights].  The
   bounds are calibrated as agreement/test_reference.py's are, from the measured gaps times ~4 (logits
@@ -41,7 +43,11 @@ import specdec
 from specdec.testing.synth import TinySpec, write_tiny_model
 
 DATA = Path(__file__).parents[1] / "data" / "reference" / "synthetic.json"
-REF = json.loads(DATA.read_text()) if DATA.exists() else {"models": {}}
+WRITER = Path(__file__).parents[2] / "benchmarks" / "reference_synthetic.py"
+STALE = ("{name}: the file specdec.testing.synth writes here differs from the one llama.cpp ran "
+         "(SHA-256 {got} against {want}): run `python benchmarks/reference_synthetic.py --refresh` "
+         "(llama-cpp-python {version}) and commit tests/data/reference/synthetic.json")
+REF = json.loads(DATA.read_text())
 LOGIT_BOUND = {"f32": 0.005, "q8_0": 0.25, "iq4_nl": 0.25, "iq4_xs": 0.3, "mxfp4": 0.25}
 MARGIN = {"iq4_xs": 0.15}             # else 0.05: a step with a smaller margin may pick the other token
 ROUTE_MARGIN = {"f32": 0.0, "q8_0": 0.01, "mxfp4": 0.01}
@@ -58,9 +64,46 @@ def models(tmp_path_factory):
     out = {}
     for name, rec in REF["models"].items():
         path = write_tiny_model(tmp / f"{name}.gguf", _spec(rec["spec"]))
-        same = hashlib.sha256(path.read_bytes()).hexdigest() == rec["sha256"]
-        out[name] = specdec.load(path, n_ctx=128) if same else None
+        got = hashlib.sha256(path.read_bytes()).hexdigest()
+        out[name] = specdec.load(path, n_ctx=128) if got == rec["sha256"] else STALE.format(
+            name=name, got=got[:12], want=rec["sha256"][:12], version=REF["llama_cpp_python"])
     return out
+
+
+def _model(models, name):
+    """The loaded model, or a failure (never a skip) when its file is not the one llama.cpp ran."""
+    m = models[name]
+    if isinstance(m, str):
+        pytest.fail(m)
+    return m
+
+
+def test_a_file_that_differs_fails_rather_than_skips(tmp_path):
+    """The stale path itself: a record whose SHA-256 is not the written file's is a failure
+    naming the command that refreshes it."""
+    name, rec = next(iter(REF["models"].items()))
+    path = write_tiny_model(tmp_path / "x.gguf", _spec({**rec["spec"], "seed": rec["spec"]["seed"] + 1}))
+    assert hashlib.sha256(path.read_bytes()).hexdigest() != rec["sha256"]
+    stale = STALE.format(name=name, got="0" * 12, want=rec["sha256"][:12], version=REF["llama_cpp_python"])
+    with pytest.raises(pytest.fail.Exception, match="reference_synthetic.py --refresh"):
+        _model({name: stale}, name)
+
+
+def test_the_records_are_the_writers_specs():
+    """Every spec benchmarks/reference_synthetic.py writes has its record, and no other: a spec
+    added or changed there without running llama.cpp on it fails here."""
+    import dataclasses
+    import importlib.util
+    load = importlib.util.spec_from_file_location("reference_synthetic", WRITER)
+    writer = importlib.util.module_from_spec(load)
+    load.loader.exec_module(writer)
+    def fields(spec: TinySpec) -> dict:            # a field a record lacks is TinySpec's default
+        return json.loads(json.dumps(dataclasses.asdict(spec)))
+    specs = {name: fields(s) for name, s in writer.SPECS.items()}
+    recorded = {name: fields(_spec(rec["spec"])) for name, rec in REF["models"].items()}
+    assert specs == recorded, ("tests/data/reference/synthetic.json is not benchmarks/reference_synthetic.py's "
+                               "SPECS: run `python benchmarks/reference_synthetic.py --refresh`")
+    assert REF["prompt"] == writer.PROMPT and REF["n_greedy"] == writer.N_GREEDY
 
 
 def _route_margins(m, prompt, monkeypatch) -> np.ndarray:
@@ -80,9 +123,7 @@ def _route_margins(m, prompt, monkeypatch) -> np.ndarray:
 
 @pytest.mark.parametrize("name", sorted(REF["models"]))
 def test_logits_and_greedy_agree_with_llamacpp(models, name, monkeypatch):
-    rec, m = REF["models"][name], models[name]
-    if m is None:
-        pytest.skip(f"{name}: the file written here differs from the one llama.cpp ran (writer or NumPy changed)")
+    rec, m = REF["models"][name], _model(models, name)
     prompt = REF["prompt"]
     weights = name.rsplit("-", 1)[1]
     ours = m.session(128).eval(prompt).astype(np.float64)
@@ -124,9 +165,7 @@ def test_a_routing_rule_broken_lands_outside_the_bound(models, name, monkeypatch
     (measured: qwen3moe 1.10, Mixtral-style 0.78); a softmax over the top-k logits is the
     renormalised softmax itself, so it stays inside (the same law, another rounding)."""
     import specdec.engine.moe as moe_mod
-    m, ref = models[name], np.array(REF["models"][name]["logits"])
-    if m is None:
-        pytest.skip(f"{name}: the file written here differs from the one llama.cpp ran")
+    m, ref = _model(models, name), np.array(REF["models"][name]["logits"])
     real = moe_mod.route
 
     def gap(route) -> float:
