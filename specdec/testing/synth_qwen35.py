@@ -46,6 +46,7 @@ class Qwen35Spec:
     logit_scale: float = 1.0
     n_ctx: int = 512
     merges: tuple[str, ...] = ()
+    chat_template: str | None = None   # tokenizer.chat_template (Jinja2), none by default
 
 
 def write_qwen35_model(path: str | Path, spec: Qwen35Spec = Qwen35Spec()) -> Path:
@@ -86,6 +87,8 @@ def write_qwen35_model(path: str | Path, spec: Qwen35Spec = Qwen35Spec()) -> Pat
     w.add_bos_token_id(0)
     w.add_eos_token_id(V - 1)
     w.add_add_bos_token(False)
+    if spec.chat_template is not None:
+        w.add_chat_template(spec.chat_template)
 
     def mat(name, n_out, n_in, std, qtype=None):
         qt = T(spec.qtype if qtype is None else qtype)

@@ -1,0 +1,207 @@
+"""qwen35 (Qwen3.5's hybrid of Gated DeltaNet and gated attention) against a float64
+restatement of llama.cpp's graph (qwen35_graph.py), and the exactness of its recurrent state:
+a verification pass rolled back to any prefix is bitwise the state of one-row steps, a wrong
+rollback is caught, a truncation before the last pass re-evaluates, batches and
+conversations give the same bits, greedy speculation equals plain decoding."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import specdec
+from specdec.engine import recurrent
+from specdec.engine.gguf_file import GGUFFile
+from specdec.engine.kv_cache import KVCache
+from specdec.engine.qwen35 import mtp_forward
+from specdec.engine.transformer import eval_batch
+from specdec.errors import UnsupportedModelError
+from specdec.testing import assert_greedy_identical
+from specdec.testing.synth_qwen35 import Qwen35Spec, write_qwen35_model
+
+from qwen35_graph import RULES, _attention, qwen35_forward, rope_mask
+
+TOKENS = [3, 17, 4, 40, 22, 9, 9, 31, 0, 45, 12, 7, 30, 2]
+TEMPLATE = ("{% for m in messages %}{{ m['role'][0] | upper }}{{ m['content'] }}{% endfor %}"
+            "{% if add_generation_prompt %}A{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def q35(tmp_path_factory):
+    """q35(Qwen35Spec(...)) -> specdec.Model, written once per spec."""
+    folder, made = tmp_path_factory.mktemp("qwen35"), {}
+
+    def get(spec: Qwen35Spec | None = None, n_ctx: int = 128):
+        spec = spec or Qwen35Spec()
+        if spec not in made:
+            made[spec] = write_qwen35_model(folder / f"q{len(made)}.gguf", spec)
+        return specdec.load(made[spec], n_ctx=n_ctx)
+    return get
+
+
+def _close(a, b, tol=1e-4):
+    return np.abs(a - b).max() <= tol * max(1.0, np.abs(b).max())
+
+
+@pytest.mark.parametrize("nextn", [False, True])
+def test_forward_and_hidden_follow_llamacpp_graph(q35, nextn):
+    m = q35(Qwen35Spec(seed=3, nextn=nextn))
+    s = m.session(64)
+    s.keep_hidden = True
+    ours = s.eval(TOKENS).astype(np.float64)
+    logits, hidden = qwen35_forward(m.gguf, TOKENS)
+    assert _close(ours, logits) and _close(s.last_hidden, hidden)
+    assert m.config.n_layer == 4 and m.config.recurrent == (True, True, True, False)
+    assert (m.weights.mtp is not None) == nextn
+
+
+def test_each_rule_matters(q35):
+    """Each rule broken on purpose moves the reference far from ours: all are exercised."""
+    m = q35(Qwen35Spec(seed=3))
+    ours = m.session(64).eval(TOKENS).astype(np.float64)
+    for rule in RULES:
+        assert not _close(ours, qwen35_forward(m.gguf, TOKENS, (rule,))[0], 1e-2), rule
+
+
+def test_mtp_block_follows_llamacpp_graph(q35):
+    """mtp_forward against graph_mtp restated: e = rms(embd)·enorm, h = rms(hidden)·hnorm,
+    x = [e | h]·eh_proj, the gated attention block, rms(x)·shared_head_norm, the head."""
+    m = q35(Qwen35Spec(seed=4, nextn=True, nextn_head_norm=True))
+    cfg, gf = m.config, m.gguf
+    rng = np.random.default_rng(0)
+    hid = rng.standard_normal((5, cfg.d_model)).astype(np.float32)
+    toks = np.array([5, 9, 1, 33, 2])
+    cache = KVCache(1, cfg.n_head_kv, 32, cfg.d_head)
+    logits, h_next = mtp_forward(cfg, m.weights.mtp, cache, toks, hid, 0)
+
+    def t(name):
+        return gf.tensor(name).astype(np.float64)
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + cfg.norm_eps) * w
+    b = f"blk.{cfg.n_layer}."
+    x = np.concatenate([rms(t("token_embd.weight")[toks], t(b + "nextn.enorm.weight")),
+                        rms(hid.astype(np.float64), t(b + "nextn.hnorm.weight"))], axis=1)
+    x = x @ t(b + "nextn.eh_proj.weight").T
+    mask = rope_mask(cfg.rope_dim, cfg.rope_sections)
+    x = x + _attention(t, b, rms(x, t(b + "attn_norm.weight")), np.arange(5), cfg.n_head, cfg.n_head_kv,
+                       cfg.d_head, cfg.rope_dim, cfg.rope_base, mask, cfg.norm_eps, (), rms,
+                       lambda z: 1 / (1 + np.exp(-z)))
+    h2 = rms(x, t(b + "post_attention_norm.weight"))
+    silu = h2 @ t(b + "ffn_gate.weight").T
+    x = x + (silu / (1 + np.exp(-silu)) * (h2 @ t(b + "ffn_up.weight").T)) @ t(b + "ffn_down.weight").T
+    want_h = rms(x, t(b + "nextn.shared_head_norm.weight"))
+    assert _close(h_next, want_h) and _close(logits, want_h @ t("output.weight").T)
+    assert cache.n_past == 5
+
+
+def _snapshot(s) -> tuple:
+    """Everything a session's cache holds that later passes read."""
+    c, n = s.cache, s.n_past
+    return (n, c.rec.conv.copy(), c.rec.ssm[c.rec.cur].copy(), c.keys()[:, :, :n].copy(), c.v[:, :, :n].copy())
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and all(np.array_equal(x, y) for x, y in zip(a[1:], b[1:]))
+
+
+def _rollbacks_exact(m, prompt, rows) -> bool:
+    """A pass over `rows` after the prompt, truncated to each prefix, holds bitwise the state
+    of one-row steps over that prefix, and the next row's logits agree."""
+    steps = m.session(64)
+    steps.eval(prompt)
+    want = [_snapshot(steps)]
+    for t in rows:
+        steps.eval([t])
+        want.append(_snapshot(steps))
+    for k in range(len(rows) + 1):
+        s = m.session(64)
+        s.eval(prompt)
+        s.eval(rows)
+        s.truncate(len(prompt) + k)
+        if not _same(_snapshot(s), want[k]):
+            return False
+        again = m.session(64)
+        again.eval(prompt + rows[:k])
+        if not np.array_equal(s.eval([rows[-1]]), again.eval([rows[-1]])):
+            return False
+    return True
+
+
+def test_rollback_to_any_prefix_is_one_row_steps_bitwise(q35):
+    assert _rollbacks_exact(q35(Qwen35Spec(seed=5)), TOKENS[:6], [11, 2, 40, 7, 7, 19, 3])
+
+
+def test_a_wrong_rollback_is_caught(q35, monkeypatch):
+    """Replaying one row too many (or not at all) is seen by the check above."""
+    m = q35(Qwen35Spec(seed=5))
+    real = recurrent.RecurrentState.replay
+    monkeypatch.setattr(recurrent.RecurrentState, "replay", lambda self, r: real(self, min(r + 1, self.log.m)))
+    assert not _rollbacks_exact(m, TOKENS[:6], [11, 2, 40, 7])
+    monkeypatch.setattr(recurrent.RecurrentState, "replay", lambda self, r: None)
+    assert not _rollbacks_exact(m, TOKENS[:6], [11, 2, 40, 7])
+
+
+def test_truncating_before_the_last_pass_evaluates_again(q35):
+    m = q35(Qwen35Spec(seed=5))
+    s = m.session(64)
+    s.eval(TOKENS[:8])
+    for t in TOKENS[8:11]:
+        s.eval([t])
+    s.truncate(5)                                     # inside the first pass: stale
+    assert s.cache.rec.stale == 5
+    got = s.eval(TOKENS[5:9])
+    fresh = m.session(64)
+    want = fresh.eval(TOKENS[:9])[5:]
+    assert np.array_equal(got, want) and _same(_snapshot(s), _snapshot(fresh))
+
+
+def test_rows_and_batches_are_independent(q35):
+    """A prompt in one pass equals its rows one by one; eval_batch equals each alone."""
+    m = q35(Qwen35Spec(seed=6))
+    whole = m.session(64).eval(TOKENS)
+    s = m.session(64)
+    assert np.array_equal(whole, np.concatenate([s.eval([t]) for t in TOKENS]))
+    prompts = [TOKENS[:3], TOKENS[2:12], TOKENS[5:6]]
+    alone = [m.session(64).eval(p) for p in prompts]
+    sessions = [m.session(64) for _ in prompts]
+    for a, b in zip(alone, eval_batch(sessions, prompts)):
+        assert np.array_equal(a, b)
+    for s, p in zip(sessions, prompts):           # and the next step from each state
+        assert np.array_equal(s.eval([1]), (lambda o: (o.eval(p), o.eval([1]))[1])(m.session(64)))
+
+
+@pytest.mark.parametrize("draft", ["model", "prompt-lookup"])
+def test_greedy_speculative_equals_plain(q35, draft):
+    target = q35(Qwen35Spec(seed=7, logit_scale=3.0))
+    kw = dict(draft=q35(Qwen35Spec(seed=8, logit_scale=3.0))) if draft == "model" else dict(draft=draft)
+    prompts = [TOKENS[:5], [1, 2, 1, 2, 1, 2, 1], TOKENS]
+    for n in (1, 3, 5):
+        assert_greedy_identical(target, prompts, 16, draft_n=n, ignore_eos=True, **kw)
+
+
+def test_conversation_reuses_and_truncates_the_state(q35):
+    """Turns of a conversation equal fresh requests (the recurrent state cut back to the
+    kept rows, rebuilt where that lies before the last pass)."""
+    spec = Qwen35Spec(n_vocab=52, seed=9, chat_template=TEMPLATE, logit_scale=3.0)
+    target = q35(spec, n_ctx=256)
+    for kw in ({}, dict(draft=q35(Qwen35Spec(n_vocab=52, seed=10, chat_template=TEMPLATE)), draft_n=3)):
+        conv = specdec.Conversation(target, system="be", **kw)
+        for text in ("hello", "again", "more"):
+            before = list(conv.messages)
+            got = conv.say(text, n_predict=10)
+            want = target.generate(target.chat_prompt([*before, {"role": "user", "content": text}]), 10)
+            assert got.ids == want.ids
+            assert conv.target.n_past == conv.n_cached
+
+
+def test_trees_and_unknown_tensors_are_refused(q35, tmp_path):
+    m = q35(Qwen35Spec(seed=3))
+    s = m.session(64)
+    s.eval(TOKENS[:3])
+    with pytest.raises(UnsupportedModelError, match="tree"):
+        s.eval_tree([1, 2], [-1, 0])
+    import gguf
+    path = write_qwen35_model(tmp_path / "x.gguf", Qwen35Spec(seed=3))
+    r = gguf.GGUFReader(path)
+    assert "blk.0.ssm_a" in {t.name for t in r.tensors}
+    assert GGUFFile(path).get("qwen35.full_attention_interval") == 4
