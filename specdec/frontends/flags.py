@@ -75,15 +75,17 @@ def _add_model_flags(g) -> None:
     g.add_argument("--draft-p", "--draft-p-min", dest="draft_p", type=float, default=None, metavar="P",
                    help="stop drafting when the draft's top probability is below this (0.9 when "
                         "--draft-n is given; default: the adaptive length)")
-    g.add_argument("--draft", default=None, choices=("model", "prompt-lookup", "hybrid", "suffix", "forced"),
+    g.add_argument("--draft", default=None, choices=("model", "prompt-lookup", "hybrid", "suffix", "forced", "mtp"),
                    help="who drafts: the -md model, forced (with --grammar / -j: the text the "
                         "grammar forces, no model; it is drafted first with any drafter), "
                         "prompt-lookup (copies what followed the last "
                         "n-gram earlier in the text), suffix (the most frequent continuation of "
                         "the longest match in the text and in earlier requests, --lookup-cache), "
-                        "hybrid (lookup, else -md). Default with -md: hybrid with the adaptive "
-                        "length 1..8, or the model once --draft-n, --draft-p or --draft-policy is "
-                        "given; with -lcd and no -md: suffix")
+                        "hybrid (lookup, else -md), mtp (the target's own multi-token-prediction "
+                        "head: a Qwen3.5 MTP GGUF's nextn tensors). Default with -md: hybrid with the "
+                        "adaptive length 1..8, or the model once --draft-n, --draft-p or "
+                        "--draft-policy is given; with no -md, a target with an MTP head drafts "
+                        "with it (hybrid: lookup, else the MTP head); with -lcd and no -md: suffix")
     g.add_argument("--draft-policy", default=None, choices=("fixed", "threshold", "adaptive"),
                    help="draft length: threshold (up to --draft-n, stop below --draft-p; the default "
                         "once --draft-n or --draft-p is given), fixed (--draft-n), adaptive (1..--draft-n "

@@ -24,7 +24,8 @@ most frequent continuation of the longest matching suffix, in the context and a
 suffix.SuffixStore of earlier requests; q one-hot), prediction.PredictionDrafter (the user's
 own prediction of the answer, with the request's other drafting behind it; q one-hot),
 forced.ForcedDrafter (under a constraint, the tokens its grammar forces, then the wrapped
-drafter; q one-hot); base.py the interface.  `make_drafter`
+drafter; q one-hot), mtp.MTPDrafter (the target's own multi-token-prediction block, fed its
+hidden states: `attach(target)` hands it the target session); base.py the interface.  `make_drafter`
 builds one from a name, a Model or a Drafter.
 Each Draft names its `source`, so statistics can be kept per drafter.
 Under a constraint (a grammar, a JSON schema) the loop calls `constrain(constraint)` first: a
@@ -41,18 +42,19 @@ from .forced import ForcedDrafter
 from .hybrid import HybridDrafter
 from .lookup import Match, NgramIndex, PromptLookupDrafter, check_lookup_options
 from .draft_model import ModelDrafter
+from .mtp import MTPDrafter
 from .prediction import PredictionDrafter
 from .retok import RetokenizingDrafter
 from .suffix import SuffixDrafter, SuffixStore
 
-__all__ = ["DRAFTER_NAMES", "Draft", "Drafter", "ForcedDrafter", "HybridDrafter", "Match", "ModelDrafter",
+__all__ = ["DRAFTER_NAMES", "Draft", "Drafter", "ForcedDrafter", "HybridDrafter", "MTPDrafter", "Match", "ModelDrafter",
            "NgramIndex", "PredictionDrafter", "PromptLookupDrafter", "RetokenizingDrafter", "SuffixDrafter",
            "SuffixStore",
-           "check_lookup_options",
+           "check_lookup_options", "has_mtp",
            "make_drafter"]
 
 
-DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid", "suffix", "forced")
+DRAFTER_NAMES = ("model", "prompt-lookup", "hybrid", "suffix", "forced", "mtp")
 
 
 def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draft_p: float = 0.0,
@@ -69,14 +71,16 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
                                          copy_ratio=lookup_copy_ratio);
       'suffix'                           SuffixDrafter over suffix_store (None: a store of its
                                          own), same n-gram and copy options as prompt lookup;
+      'mtp'                              MTPDrafter: the target's own MTP (nextn) block;
       'hybrid'                           HybridDrafter(prompt lookup, ModelDrafter(draft_model)),
                                          the SuffixDrafter in place of lookup when suffix_store
-                                         is given;
+                                         is given; without a draft model, the MTPDrafter in its
+                                         place when the target has an MTP block;
       'forced'                           ForcedDrafter alone: under a constraint, the tokens
                                          its grammar forces (nothing without one).
 
     draft_p: the model drafter's confidence floor (policy.p_min); draft_vocab: the draft model
-    computes logits for ids below it only (None: all).  The draft model's
+    (or the MTP block) computes logits for ids below it only (None: all).  The draft model's
     vocabulary is checked against the target's (compat.check_compatible).
     retokenize: the draft model drafts through text (RetokenizingDrafter, greedy drafts), with
     any vocabulary; with the target's own vocabulary too (then it is exact and slower than
@@ -92,6 +96,14 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
         if retokenize:
             return RetokenizingDrafter(session, m.tokenizer, target.tokenizer, n_vocab, draft_p)
         return ModelDrafter(session, params, draft_p, n_vocab=n_vocab)
+
+    def mtp() -> MTPDrafter:
+        from ...engine.mtp import MTPSession
+        if not has_mtp(target):
+            raise ConfigError(f"--draft mtp: {getattr(target, 'name', 'the model')} has no nextn (MTP) "
+                              f"tensors (a Qwen3.5 MTP GGUF has them)")
+        return MTPDrafter(MTPSession(target.config, target.weights, n_ctx, n_logits=draft_vocab), params,
+                          draft_p, n_vocab=n_vocab)
 
     def lookup() -> PromptLookupDrafter:
         return PromptLookupDrafter(n_vocab, ngram_max=lookup_ngram_max, ngram_min=lookup_ngram_min,
@@ -110,9 +122,11 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
             return suffix()
         if draft == "forced":
             return ForcedDrafter(None, n_vocab)
+        if draft == "mtp":
+            return mtp()
         if draft == "hybrid":
             return HybridDrafter(suffix() if suffix_store is not None else lookup(),
-                                 model_drafter(draft_model))
+                                 mtp() if draft_model is None and has_mtp(target) else model_drafter(draft_model))
         raise ConfigError(f"--draft must be one of {', '.join(DRAFTER_NAMES)}, got {draft!r}")
     if isinstance(draft, Drafter):
         return draft
@@ -120,3 +134,8 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
         return model_drafter(draft)
     raise ConfigError(f"draft= takes a Model, a Drafter or one of {', '.join(DRAFTER_NAMES)}; "
                       f"got {type(draft).__name__}")
+
+
+def has_mtp(target) -> bool:
+    """The target Model's file has a multi-token-prediction (nextn) block the engine loaded."""
+    return getattr(getattr(target, "weights", None), "mtp", None) is not None

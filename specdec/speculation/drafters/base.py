@@ -105,6 +105,16 @@ class Drafter:
         speculation/constrained.py).  Wrappers pass it on to what they wrap."""
         self.constraint = constraint
 
+    def attach(self, target) -> None:
+        """The target session (interfaces.Session) this request runs on, told before its
+        prompt pass: a drafter that reads the target's passes keeps it (mtp.MTPDrafter: the
+        target's hidden states).  Default: the drafters this one wraps (its `inner`, `model`,
+        `fallback` or `lookup`) are told; nothing else."""
+        for name in ("inner", "model", "fallback", "lookup"):
+            wrapped = getattr(self, name, None)
+            if isinstance(wrapped, Drafter):
+                wrapped.attach(target)
+
     def prefill(self, context_ids: Sequence[int]) -> None:
         """The drafter's share of the prompt phase (timed with the target's prefill)."""
 
