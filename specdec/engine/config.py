@@ -226,7 +226,7 @@ def _experts(gf: GGUFFile, arch: str, key, count, real) -> dict:
 def _hybrid(gf: GGUFFile, arch: str, key, count, n_all: int, d_head: int) -> dict:
     """qwen35's fields of ModelConfig, as llama_model_qwen35::load_arch_hparams reads them:
     nextn_predict_layers MTP blocks follow the block_count - nextn trunk layers; a layer is
-    recurrent by attention.recurrent_layers, else unless (il + 1) % full_attention_interval
+    recurrent by the file's per-layer flags (key recurrent_layers), else unless (il + 1) % full_attention_interval
     (default 4) == 0.  llama.cpp's graph needs d_inner = Hv S, Hv a multiple of Hk, and
     value and key heads of one size."""
     n_nextn = count("nextn_predict_layers", 0, lo=0, hi=1)

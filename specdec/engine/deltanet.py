@@ -1,4 +1,4 @@
-"""A Gated DeltaNet layer (Qwen3.5's linear attention; llama.cpp's qwen35.cpp
+"""A Gated DeltaNet layer (Qwen3.5's linear attention; llama.cpp's src/models/qwen35.cpp
 build_layer_attn_linear and delta-net-base.cpp): its weights and its forward over one
 pass's rows of several sequences, each with its own recurrent state (engine/recurrent.py).
 
