@@ -68,10 +68,8 @@ class MTPSession(Session):
     n_past = property(lambda self: self.cache.n_past)
 
     def attach(self, target) -> None:
-        """Read target's hidden rows (it keeps them from now on: ModelSession.keep_hidden)."""
-        if not getattr(target, "keep_hidden", False):
-            target.keep_hidden = True
-            target.hidden_from = target.n_past
+        """Read target's hidden rows (it keeps them from its next pass on: keep_hidden)."""
+        target.keep_hidden = True
         self.target = target
 
     def h_in(self, t: int) -> tuple[np.ndarray, bool]:
@@ -80,7 +78,10 @@ class MTPSession(Session):
         if t == 0:
             return self._zeros, True
         if tg is not None and t - 1 < tg.n_past:
-            return (tg.hidden_rows[t - 1], True) if t - 1 >= tg.hidden_from else (self._zeros, True)
+            rows = getattr(tg, "hidden_rows", None)
+            if rows is not None and t - 1 >= tg.hidden_from:
+                return rows[t - 1], True
+            return self._zeros, True
         return self.h_out[t - 1], False
 
     def eval(self, tokens, last_only: bool = False) -> np.ndarray:
