@@ -37,7 +37,7 @@ class StepRecord:
     branch: int = 0                     # multi-candidate steps: the verified branch (the fields above
     n_branches: int = 1                 # are its path), of n_branches candidates (tree leaves)
     n_nodes: int = 0                    # tokens drafted over all branches (0 in old traces: len(drafted))
-    source: str = ""                    # who drafted: Draft.source ('' in old traces)
+    source: str = ""                    # who drafted: Draft.source ('mtp': the target's MTP head; '' in old traces)
     experts: tuple[int, ...] = ()       # MoE target: distinct experts the verification pass woke,
                                         # per layer (() for a dense target and in old traces)
     plan: str = ""                      # why the policy drafted this length ('' in old traces and

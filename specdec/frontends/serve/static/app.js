@@ -132,6 +132,8 @@ function schedule(a) {
 
 function draw(a) {
   const near = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
+  for (const t of a.tokens)           // an accepted draft token's drafter (its step's source): s-mtp
+    if (t.kind === "accepted" && t.step !== null && a.steps[t.step]) t.source = a.steps[t.step].source;
   // with tool calls the tokens spell the whole answer (<tool_call> blocks and all): shown so
   render((a.tools || a.calls.length) && a.tokens.length ? a.tokens.map((t) => t.text).join("") : a.text, a.tokens, a.body);
   drawCalls(a);

@@ -224,7 +224,8 @@ export function render(text, tokens, into) {
       const i = tokenAt(c);
       // skip tokens with no text (a character split across tokens comes with the next one)
       const end = Math.min(n.e, covered, i + 1 < starts.length ? starts[i + 1] : covered);
-      piece(parent, c, end, n.mk, i, "tok k-" + tokens[i].kind + (i % 2 ? " odd" : ""));
+      piece(parent, c, end, n.mk, i, "tok k-" + tokens[i].kind + (tokens[i].source ? " s-" + tokens[i].source : "")
+            + (i % 2 ? " odd" : ""));
       c = end;
     }
   };
