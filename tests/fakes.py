@@ -21,6 +21,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from specdec.generation.interfaces import Session
+
 LogitFn = Callable[[tuple[int, ...]], np.ndarray]     # context ids -> (V,) float32
 
 
@@ -56,7 +58,7 @@ def mixed_logits(base: LogitFn, noise: LogitFn, weight: float) -> LogitFn:
     return lambda ctx: (base(ctx) + w * noise(ctx)).astype(np.float32)
 
 
-class FakeSession:
+class FakeSession(Session):
     """A Session with a KV 'cache' that just remembers its token ids (`tokens`)."""
 
     def __init__(self, n_vocab: int, logit_fn: LogitFn, n_ctx: int = 512):
@@ -176,6 +178,9 @@ class Recorder:
         self.session.commit_path(node_ids)
         self.tokens.extend(self._tree[0][c] for c in node_ids)
         assert self.session.n_past == len(self.tokens)
+
+    def routing(self):
+        return self.session.routing()
 
     def truncate(self, n: int) -> None:
         self.session.truncate(n)

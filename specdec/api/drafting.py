@@ -10,7 +10,8 @@
                          and their hybrid with its prompt window (speculation/cost_model.py's cost
                          model, `choose`), the length policy (PlannedLength: per step, n in
                          0..n_max by predicted tokens per second), and under a batch the load
-                         caps and the lazy prompt pass (speculation/underload.py)
+                         caps and the lazy prompt pass (speculation/underload.py), and under
+                         a constraint the grammar's forced tokens first (drafters.ForcedDrafter)
   for_request(...)       the server's per-request fields (`draft`, `draft_n`) over its options
 
 Explicit settings (a drafter kind with a length flag, a Drafter object, a policy) are kept as
@@ -23,7 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from ..speculation import calibration
-from ..speculation.drafters import Drafter, HybridDrafter, ModelDrafter, PredictionDrafter, make_drafter
+from ..speculation.drafters import (Drafter, ForcedDrafter, HybridDrafter, ModelDrafter, PredictionDrafter,
+                                    make_drafter)
 from ..speculation.drafters.prediction import SOURCE as PREDICTED
 from ..speculation.cost_model import FREE, MODEL_ALPHA, Choice, Costs, Ledger, PlanInput, PlannedLength, choose
 from ..speculation.policies import DRAFT_N_MAX, DraftPolicy, make_policy
@@ -100,10 +102,12 @@ class DraftPlan:
     # -- per request ---------------------------------------------------------------------------
     def request(self, base: tuple[Drafter | None, DraftPolicy | None], *, prompt_len: int, n_predict: int,
                 greedy: bool, seeded: bool, n_vocab: int, tree_k: int = 1,
-                prediction: Sequence[int] | None = None,
-                load: Load | None = None) -> tuple[Drafter | None, DraftPolicy | None]:
+                prediction: Sequence[int] | None = None, load: Load | None = None,
+                constrained: bool = False) -> tuple[Drafter | None, DraftPolicy | None]:
         """The drafter and policy of one request (module docstring); `self.choice` says what
-        the defaults chose and why."""
+        the defaults chose and why.  Never changes the drafter in `base` (a conversation's
+        turns and the requests on one DraftOptions share it): what differs per request is a
+        wrapper or a copy."""
         drafter, policy = base
         self.choice = None
         if self.planned and drafter is not None:
@@ -124,6 +128,8 @@ class DraftPlan:
             if policy is not None and greedy:
                 policy = LoadCappedPolicy(policy, lambda key: load.cap(free or str(key).startswith(PREDICTED)),
                                           load.on_capped)
+        if constrained and drafter is not None and not isinstance(drafter, ForcedDrafter):
+            drafter = ForcedDrafter(drafter)            # the grammar's forced tokens drafted first
         return drafter, policy
 
     def _planned(self, drafter: Drafter, prompt_len: int, n_predict: int, greedy: bool, seeded: bool,
@@ -140,10 +146,8 @@ class DraftPlan:
         self.choice = c = choose(inp, self.costs(), AUTO_N_MAX)
         if not c.model and not seeded:
             self.ledger(greedy).fade("model")
-        drafter.use_model, drafter.wait = c.model, c.wait
-        drafter.model.window, drafter.model.lazy = c.window, True
         policy.preamble = c.describe()
-        return drafter, policy
+        return drafter.planned(c.model, c.wait, c.window), policy      # a copy: `drafter` stays as is
 
     def _planned_policy(self, seeded: bool, greedy: bool, n_max: int) -> DraftPolicy:
         ledger = None if seeded else self.ledger(greedy)

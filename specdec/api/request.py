@@ -7,7 +7,7 @@ to plain or speculative decoding.  `Runner.steps` is the request as a coroutine 
 passes (interfaces.Eval); `Runner.run` drives it alone, the server's scheduler batches it.
 
 p is always the target's distribution, q the draft's.  A new drafting option is one field
-of DraftOptions (passed on in `build`) plus one flag in cli.py.
+of DraftOptions (passed on in `build`) plus one flag in frontends/flags.py.
 """
 from __future__ import annotations
 
@@ -238,13 +238,13 @@ class Runner:
             raise ConfigError(f"prediction: token ids must be in 0..{n_vocab - 1}")
         self.prediction = ids
 
-    def plan_request(self, prompt_len: int, n_predict: int) -> None:
+    def plan_request(self, prompt_len: int, n_predict: int, constrained: bool = False) -> None:
         """The drafter and policy of the coming request (DraftPlan.request); `self.plan.choice`
         says what the defaults chose and why."""
         self.drafter, self.policy = self.plan.request(
             self._base, prompt_len=prompt_len, n_predict=n_predict, greedy=self.params.greedy,
             seeded=self.seeded, n_vocab=int(self.model.config.n_vocab), tree_k=self.tree_k,
-            prediction=self.prediction, load=self.load)
+            prediction=self.prediction, load=self.load, constrained=constrained)
 
     def remember(self, prompt_ids: Sequence[int], ids: Sequence[int], key=None) -> None:
         """A finished request's prompt and answer go into the suffix store, if there is one
@@ -262,7 +262,7 @@ class Runner:
             raise ContextOverflowError(
                 f"prompt of {len(prompt_ids)} tokens does not fit --ctx-size {self.n_ctx}")
         self.constraint = c = self.compile(constraint)
-        self.plan_request(len(prompt_ids), n_predict)
+        self.plan_request(len(prompt_ids), n_predict, constrained=c is not None)
         if self.drafter is None:
             return plain_steps(self.target, prompt_ids, n_predict, self.params, self.rng,
                                self.eog, on_token, n_keep=n_keep, constraint=c)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..generation.constraint import Constraint
+from ..generation.constraint import Constraint, masked
 from .drafters.base import Draft, DraftTree
 
 
@@ -117,3 +117,65 @@ def settle_path(c: Constraint, tokens: list[int], next_token: int) -> None:
         c.advance(x)
         if x in c.eos_ids:
             return
+
+
+class Unconstrained:
+    """The null constraint of a speculative step: every token allowed, nothing to cut, mask or
+    settle.  `Constrained` is the same steps under a grammar."""
+    constraint = None               # what drafters are told (Drafter.constrain)
+    eos_ids: frozenset[int] = frozenset()
+    done = False                    # only the end of generation may follow
+
+    def cut(self, draft: Draft) -> Draft:
+        return draft
+
+    def cut_tree(self, tree: DraftTree) -> DraftTree:
+        return tree
+
+    def masked(self, logits: np.ndarray) -> np.ndarray:
+        return logits
+
+    def settle(self, n_accepted: int, next_token: int) -> None:
+        pass
+
+    def settle_path(self, tokens: list[int], next_token: int) -> None:
+        pass
+
+
+class Constrained(Unconstrained):
+    """One request's Constraint through its steps: `cut` a draft (draft_under) or `cut_tree`
+    a tree (tree_under), keeping the masks of the pass's rows; `masked` the pass's logits with
+    them; `settle` / `settle_path` the matcher after verification."""
+
+    def __init__(self, constraint: Constraint):
+        self.constraint, self.eos_ids = constraint, constraint.eos_ids
+        self._masks: np.ndarray | None = None       # (n+1, V) bool, the current step's rows
+        self._tokens: tuple[int, ...] = ()          # the current step's drafted tokens
+        self._pushed = 0                            # of which the matcher was advanced along
+
+    @property
+    def done(self) -> bool:
+        return self.constraint.done
+
+    def cut(self, draft: Draft) -> Draft:
+        draft, self._masks, self._pushed = draft_under(draft, self.constraint)
+        self._tokens = draft.tokens
+        return draft
+
+    def cut_tree(self, tree: DraftTree) -> DraftTree:
+        tree, self._masks = tree_under(tree, self.constraint)
+        return tree
+
+    def masked(self, logits: np.ndarray) -> np.ndarray:
+        return masked(logits, self._masks)
+
+    def settle(self, n_accepted: int, next_token: int) -> None:
+        settle(self.constraint, self._tokens, self._pushed, n_accepted, next_token)
+
+    def settle_path(self, tokens: list[int], next_token: int) -> None:
+        settle_path(self.constraint, tokens, next_token)
+
+
+def step_constraint(constraint: Constraint | None) -> Unconstrained:
+    """The steps' view of a request's constraint (None: the null one)."""
+    return Unconstrained() if constraint is None else Constrained(constraint)

@@ -1,4 +1,5 @@
-"""The acceptance rule of multi-candidate (tree) verification.
+"""Multi-candidate (tree) verification: its acceptance rule (`verify_tree`) and its step
+(`tree_step`, the tree counterpart of speculative.linear_step).
 
 Miao et al. 2024, "SpecInfer: Accelerating Large Language Model Serving with Tree-based
 Speculative Inference and Verification", multi-step speculative sampling (their Algorithm 2,
@@ -26,11 +27,15 @@ the child equal to argmax p and otherwise emits argmax p, without randomness.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generator, Sequence
 
 import numpy as np
 
-from ..generation.sampling import Rng
-from .drafters.base import DraftTree
+from ..generation.interfaces import EvalTree, Session
+from ..generation.sampling import Rng, SamplerParams, probs_rows
+from .bookkeeping import StepResult, StepTimer
+from .constrained import Unconstrained
+from .drafters.base import Draft, DraftTree, Drafter
 from .verify import PositionRecord, VerifyResult, alphas, residual, try_token
 
 
@@ -87,3 +92,29 @@ def _result(tree, p, path, token, kind, tried) -> TreeVerifyResult:
     linear = VerifyResult(len(path), token, kind, tuple(records), alpha)
     return TreeVerifyResult(tuple(path), token, kind, tuple(tried), b, len(leaves), linear)
 
+
+
+def tree_step(target: Session, drafter: Drafter, ctx: Sequence[int], n_max: int, k: int,
+              params: SamplerParams, rng: Rng, timer: StepTimer,
+              guard: Unconstrained) -> Generator[EvalTree, np.ndarray, StepResult]:
+    """One multi-candidate step: draft up to k branches of at most n_max tokens, one target
+    pass over the tree rooted at the last token (target.eval_tree), walk it (verify_tree),
+    keep the accepted path in the target cache (target.commit_path).  The result is the
+    verified branch's: its tokens, q rows and p rows (n+1, V)."""
+    tree = drafter.propose_tree(ctx, n_max, k, rng) if n_max > 0 else DraftTree.of(Draft.empty(target.n_vocab))
+    depth = max((len(tree.path(i)) for i in range(len(tree.tokens))), default=0)
+    if depth > n_max or len(tree.leaves()) > k:
+        raise ValueError(f"drafter proposed a tree of depth {depth} with {len(tree.leaves())} "
+                         f"branches, at most {n_max} and {k} were asked for")
+    tree = guard.cut_tree(tree)                               # a grammar: forbidden one-hot nodes pruned
+    timer.lap("draft")
+    logits = yield EvalTree(target, [ctx[-1], *tree.tokens], [-1, *(a + 1 for a in tree.parents)])
+    p = probs_rows(guard.masked(logits), params)              # (n+1, V) row 0: after ctx
+    res = verify_tree(tree, p, rng)
+    target.commit_path([0, *(c + 1 for c in res.path)])      # ctx + the accepted path
+    guard.settle_path([tree.tokens[c] for c in res.path], res.next_token)
+    timer.lap("verify")
+    nodes = tree.path(tree.leaves()[res.branch]) if tree.tokens else []
+    return StepResult(res.linear, tuple(tree.tokens[c] for c in nodes), tree.q[nodes],
+                      p[[0, *(c + 1 for c in nodes)]], tree.source, len(tree.tokens), target.routing(),
+                      res.branch, res.n_branches)

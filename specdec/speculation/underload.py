@@ -26,7 +26,7 @@ class LoadCappedPolicy(DraftPolicy):
 
     @property
     def reason(self) -> str:
-        return getattr(self.inner, "reason", "")
+        return self.inner.reason
 
     def next_n(self) -> int:
         n, c = self.inner.next_n(), self.cap(self.key)

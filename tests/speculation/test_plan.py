@@ -97,8 +97,8 @@ def test_the_model_drafts_only_where_it_pays_and_sees_a_bounded_window():
     assert choose(PlanInput(10, 64, True, False, True, ()), CHEAP).window <= 10
 
 
-def _runner(target, draft, params, seed=None, costs=CHEAP):
-    r = Runner(target, params, DraftOptions(model=draft), seed=seed, ignore_eos=True)
+def _runner(target, draft, params, seed=None, costs=CHEAP, options=None):
+    r = Runner(target, params, options or DraftOptions(model=draft), seed=seed, ignore_eos=True)
     r.plan._costs = costs
     return r
 
@@ -126,6 +126,25 @@ def test_the_drafts_prompt_pass_is_bounded_and_after_the_first_token(tiny_model)
     assert StepRecord.from_json(trace[0].to_json()) == trace[0]
     assert out.ids == target.generate(prompt, n_predict=100, ignore_eos=True).ids
     assert "plan:" in out.stats.plan
+
+
+def test_the_plan_never_changes_a_drafter_another_request_holds(tiny_model):
+    """Requests on one DraftOptions(drafter=...), and a conversation's turns, share that
+    drafter (its caches): each request's choice (whether the model drafts, the wait, the
+    draft's window) lives in a per-request copy on the same caches, never in the shared one."""
+    target, draft = tiny_model(TinySpec(seed=3)), tiny_model(TinySpec(seed=4))
+    greedy = SamplerParams(temperature=0.0)
+    shared = Runner(target, greedy, DraftOptions(model=draft))._base[0]
+    settings = lambda d: (d.use_model, d.wait, d.model.window, d.model.lazy)
+    before = settings(shared)
+    a, b = (_runner(target, None, greedy, seed=1, options=DraftOptions(drafter=shared)) for _ in range(2))
+    a.plan_request(300, 100)
+    held = settings(a.drafter)
+    b.plan_request(1800, 4)
+    assert a.plan.choice.model and not b.plan.choice.model           # two different choices
+    assert settings(a.drafter) == held and settings(b.drafter)[0] is False
+    assert settings(shared) == before
+    assert a.drafter.model.cache is shared.model.cache                # the same draft cache
 
 
 def test_greedy_defaults_equal_plain_with_the_model_planned(tiny_model):

@@ -4,6 +4,7 @@ p is always the target's distribution, q the draft's.
 """
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import numpy as np
@@ -53,17 +54,34 @@ class ModelDrafter(Drafter):
         if window is not None and int(window) < 1:
             raise ValueError(f"draft window must be >= 1 token, got {window}")
         self.window, self.lazy = (None if window is None else int(window)), bool(lazy)
-        self.origin: int | None = None                      # where the draft's view starts
         self.session, self.params, self.draft_p = session, params, float(draft_p)
         self.n_vocab = int(n_vocab if n_vocab is not None else session.n_vocab)
         self._shared = min(self.n_vocab, session.n_logits)   # ids it may propose
         self.cache = CacheMirror(session)                   # the draft cache's ids
         self._last: tuple[int, tuple[int, ...]] | None = None   # (context length, drafted) of the last proposal
 
+    @property
+    def origin(self) -> int | None:
+        """Where the draft's view of the context starts (kept with its cache: views share it)."""
+        return self.cache.origin
+
+    @origin.setter
+    def origin(self, at: int | None) -> None:
+        self.cache.origin = at
+
+    def windowed(self, window: int | None, lazy: bool) -> "ModelDrafter":
+        """This drafter for one request with its own window and lazy: a copy on the same
+        session, cache and view, so that what it evaluates serves later requests too; this
+        one is left as it is (another request or turn may hold it)."""
+        if window is not None and int(window) < 1:
+            raise ValueError(f"draft window must be >= 1 token, got {window}")
+        view = copy.copy(self)
+        view.window, view.lazy = (None if window is None else int(window)), bool(lazy)
+        return view
+
     def reset(self) -> None:
         self.cache.reset()
         self._last = None
-        self.origin = None
 
     def view(self, context_ids: Sequence[int]) -> list[int]:
         """The part of the context the draft sees (class docstring: window)."""

@@ -5,6 +5,7 @@ p is always the target's distribution, q the draft's.
 """
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 from ...generation.sampling import Rng
@@ -39,6 +40,15 @@ class HybridDrafter(Drafter):
         self.use_model, self.wait = bool(use_model), int(wait)
         self._by: Drafter | None = None               # who made the last proposal
         self._emitted: int | None = None              # tokens of the request's answer so far
+
+    def planned(self, use_model: bool, wait: int, window: int | None) -> "HybridDrafter":
+        """This drafter for one request as the drafting plan chose (api/drafting.py): its own
+        use_model and wait, the draft model windowed and lazy (ModelDrafter.windowed); the
+        same lookup and caches.  This one is left as it is (another request or turn may hold it)."""
+        view = copy.copy(self)
+        view.use_model, view.wait = bool(use_model), int(wait)
+        view.model = self.model.windowed(window, lazy=True)
+        return view
 
     @property
     def store(self):

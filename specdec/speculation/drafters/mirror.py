@@ -19,11 +19,13 @@ class CacheMirror:
     def __init__(self, session: Session):
         self.session = session
         self.ids: list[int] = []                     # ids in the cache, len == n_past
+        self.origin: int | None = None               # where in the context ids[0] sits (a window's start)
         session.reset()
 
     def reset(self) -> None:
         self.session.reset()
         self.ids = []
+        self.origin = None
 
     def eval(self, ids: list[int]) -> np.ndarray:
         """Feed ids after the cache; the logits after the last of them (n_logits,)."""

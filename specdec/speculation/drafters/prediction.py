@@ -14,6 +14,12 @@ from .base import Draft, DraftTree, Drafter
 SOURCE = "prediction"
 
 
+def accepted_kind(source: str) -> str:
+    """How on_token names an accepted draft token of this Draft.source (interfaces.OnToken):
+    'predicted' when it came from the user's prediction, else 'accepted'."""
+    return "predicted" if source == SOURCE else "accepted"
+
+
 class PredictionIndex:
     """Where each n-gram (1 <= n <= n_max) of the predicted ids ends, ascending: the lookup
     behind re-alignment.  Built once per request: O(len(ids) · n_max) tuples."""
