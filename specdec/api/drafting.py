@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 from ..speculation import calibration
 from ..speculation.drafters import (Drafter, ForcedDrafter, HybridDrafter, ModelDrafter, PredictionDrafter,
-                                    make_drafter)
+                                    has_mtp, make_drafter)
 from ..speculation.drafters.prediction import SOURCE as PREDICTED
 from ..speculation.cost_model import FREE, MODEL_ALPHA, Choice, Costs, Ledger, PlanInput, PlannedLength, choose
 from ..speculation.policies import DRAFT_N_MAX, DraftPolicy, make_policy
@@ -78,7 +78,8 @@ class DraftPlan:
         drafter = o.drafter or make_drafter(
             o.drafter_kind, self.target, params, draft_model=o.model, draft_p=policy.p_min, n_ctx=n_ctx,
             lookup_ngram_min=o.lookup_ngram_min, lookup_ngram_max=o.lookup_ngram_max,
-            draft_vocab=o.draft_vocab(o.model), lookup_copy_ratio=o.lookup_copy_ratio,
+            draft_vocab=o.draft_vocab(o.model if o.model is not None else self.target),
+            lookup_copy_ratio=o.lookup_copy_ratio,
             retokenize=o.retokenize, suffix_store=o.suffix_store)
         return drafter, policy
 
@@ -92,7 +93,9 @@ class DraftPlan:
         if self._costs is None or calibration.stale(self._costs.target) or (
                 self._costs.draft is not None and calibration.stale(self._costs.draft)):
             t, d = self.target, self.options.model
-            if calibration.enabled():
+            if d is None and self._mtp:                    # the target's MTP head drafts
+                self._costs = _mtp_costs(t, self.options.draft_vocab(t))
+            elif calibration.enabled():
                 self._costs = Costs(calibration.costs(t), None if d is None else calibration.costs(
                     d, n_logits=self.options.draft_vocab(d)))
             else:
@@ -155,11 +158,17 @@ class DraftPlan:
         return PlannedLength(self.costs(), n_max, counts=seeded, alpha_model=alpha, ledger=ledger,
                              stop_after=AUTO_STOP_AFTER, n_init=min(4, n_max))
 
+    @property
+    def _mtp(self) -> bool:
+        """The target's MTP head is the draft (DraftOptions.mtp, or --draft mtp)."""
+        o = self.options
+        return o.model is None and (o.mtp or o.kind == "mtp") and has_mtp(self.target)
+
     def ledger(self, greedy: bool) -> Ledger:
         """The acceptance measured so far on this target/draft pair in this process (unseeded
         requests only; speculation/cost_model.py)."""
         key = (getattr(self.target, "path", id(self.target)),
-               getattr(self.options.model, "path", id(self.options.model)), bool(greedy))
+               "mtp" if self._mtp else getattr(self.options.model, "path", id(self.options.model)), bool(greedy))
         return _LEDGERS.setdefault(key, Ledger())
 
     @property
@@ -183,11 +192,20 @@ class DraftPlan:
         if draft is not None:
             kind = None if draft == "none" else draft
             # "none": plain decoding (kind None with a draft model would mean the defaults)
-            options = (replace(options, kind=None, model=None, drafter=None, suffix_store=None)
+            options = (replace(options, kind=None, model=None, drafter=None, suffix_store=None, mtp=False)
                        if kind is None else replace(options, kind=kind, model=draft_model, drafter=None))
         if draft_n is not None:
             options = replace(options, n=draft_n)
         return options
+
+
+def _mtp_costs(target: Any, n_logits: int | None) -> Costs:
+    """The target's costs and its MTP block's step (engine/mtp.py): calibrated on this host
+    (calibration.costs, variant 'mtp'), else priced by the bytes a step reads."""
+    from ..engine.mtp import MTPModel, mtp_bytes
+    if calibration.enabled():
+        return Costs(calibration.costs(target), calibration.costs(MTPModel(target), n_logits=n_logits, variant="mtp"))
+    return Costs.prior(_bytes(target), float(mtp_bytes(target.weights, n_logits)))
 
 
 def _bytes(model: Any) -> float:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence
 
-from ..speculation.drafters import DRAFTER_NAMES, Drafter, SuffixStore, check_lookup_options
+from ..speculation.drafters import DRAFTER_NAMES, Drafter, SuffixStore, check_lookup_options, has_mtp
 from ..errors import ConfigError, ContextOverflowError
 from ..generation.constraint import Constraint, ConstraintSpec, compile_constraint
 from ..generation.plain import plain_steps
@@ -83,6 +83,7 @@ class DraftOptions:
     retokenize: bool = False
     tree: int = 1
     suffix_store: SuffixStore | None = None
+    mtp: bool = False                   # the target's own MTP head drafts where a draft model would (with_target)
 
     def __post_init__(self) -> None:
         if self.kind is not None and self.kind not in DRAFTER_NAMES:
@@ -109,7 +110,7 @@ class DraftOptions:
 
     @property
     def enabled(self) -> bool:
-        return self.kind is not None or self.drafter is not None or self.model is not None
+        return self.kind is not None or self.drafter is not None or self.model is not None or self.mtp
 
     @property
     def auto(self) -> bool:
@@ -120,9 +121,9 @@ class DraftOptions:
     def drafter_kind(self) -> str | None:
         """The drafter `build` makes: kind, or with a draft model and no kind, 'hybrid' under
         the defaults and 'model' once a length setting is given."""
-        if self.kind is not None or self.model is None:
+        if self.kind is not None or (self.model is None and not self.mtp):
             return self.kind
-        return "hybrid" if self.auto else "model"
+        return "hybrid" if self.auto else ("model" if self.model is not None else "mtp")
 
     def length_policy(self) -> DraftPolicy:
         """The draft-length policy these options name (class docstring); with tree > 1 and
@@ -138,6 +139,15 @@ class DraftOptions:
             return int(self.vocab)
         n_vocab = int(model.config.n_vocab) if model is not None else 0
         return AUTO_VOCAB if n_vocab > 2 * AUTO_VOCAB else None
+
+    def with_target(self, target) -> "DraftOptions":
+        """These options on this target Model: with no drafter, draft model or kind given, a
+        target with a multi-token-prediction head (a Qwen3.5 MTP GGUF's nextn tensors) drafts
+        with it (`mtp`: 'hybrid' under the defaults, lookup else the MTP head; 'mtp' once a
+        length setting is given)."""
+        if self.kind is None and self.model is None and self.drafter is None and has_mtp(target):
+            return replace(self, mtp=True)
+        return self
 
     def with_model(self, model) -> "DraftOptions":
         """These options drafting with a loaded draft model (-md)."""
@@ -157,7 +167,9 @@ class DraftOptions:
             how = f"adaptive {0 if pol.stop_after else pol.n_min}..{pol.n_max}"
         else:
             how = type(pol).__name__
-        vocab = self.draft_vocab(self.model) if kind in ("model", "hybrid") else None
+        vocab = self.draft_vocab(self.model) if kind in ("model", "hybrid") and self.model is not None else None
+        if self.mtp and self.model is None and kind == "hybrid":
+            kind = "hybrid (lookup, else the target's MTP head)"
         return (f"{kind}, {how}" + (f", {self.tree} branches" if self.tree > 1 else "")
                 + (f", draft vocab {vocab}" if vocab else "")
                 + (", through text" if self.retokenize else "") + (" (defaults)" if self.auto else ""))

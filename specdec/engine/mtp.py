@@ -123,3 +123,38 @@ class MTPSession(Session):
 
     def reset(self) -> None:
         self.truncate(0)
+
+
+class _ZeroHidden:
+    """A stand-in target whose every position's hidden state is known (zeros): MTP rows
+    then run in one pass each, as the real ones do."""
+
+    def __init__(self, n_ctx: int, d_model: int):
+        self.n_past = n_ctx
+        self.hidden_rows = np.zeros((n_ctx, d_model), np.float32)
+        self.hidden_from = 0
+
+
+class MTPModel:
+    """A target's MTP block as calibration.measure sees a model (path, requant, config,
+    session): its passes cost what the block's do in drafting (speculation/calibration.py,
+    variant 'mtp')."""
+
+    def __init__(self, target):
+        self.target, self.path, self.config = target, target.path, target.config
+        self.requant = getattr(target, "requant", None)
+
+    def session(self, n_ctx: int, n_logits: int | None = None) -> MTPSession:
+        s = MTPSession(self.config, self.target.weights, n_ctx, n_logits)
+        s.attach(_ZeroHidden(n_ctx, self.config.d_model))
+        return s
+
+
+def mtp_bytes(weights, n_logits: int | None = None) -> int:
+    """Bytes one MTP step reads: the block's layer, eh_proj and its head (the first n_logits
+    rows of it; None: all): the uncalibrated prior of its cost (cost_model.Costs.prior)."""
+    mtp = weights.mtp
+    L = mtp.layer
+    mats = [mtp.eh_proj, L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down]
+    head = mtp.head.w.nbytes * (1.0 if n_logits is None else min(1.0, n_logits / mtp.head.n_out))
+    return int(sum(m.w.nbytes for m in mats if m is not None) + head)

@@ -211,6 +211,7 @@ def cmd_run(a) -> int:
     target, draft = _load_models(a)
     if draft is not None:                               # -md alone drafts with the model
         options = options.with_model(draft)
+    options = options.with_target(target)               # no -md: a target's own MTP head drafts
     if options.enabled or prediction is not None:
         _progress("specdec: drafting: " + (f"the prediction ({len(prediction)} characters), then "
                                             if prediction is not None else "") + options.describe())
@@ -304,6 +305,7 @@ def cmd_check(a) -> int:
     target, draft = _load_models(a)
     if draft is not None:
         options = options.with_model(draft)
+    options = options.with_target(target)
     if not options.enabled:
         raise ConfigError("specdec check compares speculative with plain generation: give -md DRAFT "
                           "or --draft prompt-lookup / suffix")

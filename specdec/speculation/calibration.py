@@ -193,14 +193,16 @@ _STALE: set[str] = set()                # keys dropped by drift (measured again 
 
 
 def costs(model: Any, measure_fn: "Callable[[Any], PassCosts] | None" = None,
-          n_logits: int | None = None, fresh: bool = False) -> PassCosts:
+          n_logits: int | None = None, fresh: bool = False, variant: str = "") -> PassCosts:
     """The model's pass costs on this host (sessions computing n_logits logits; None: all):
     from the cache (this process's, then the file), else measured now and written; the prior
-    when calibration is off or the model has no file.  fresh: measure again whatever is cached."""
+    when calibration is off or the model has no file.  fresh: measure again whatever is cached.
+    variant: what of the file is measured, when not the model itself ('mtp': its MTP block,
+    engine/mtp.py's MTPModel; a cache entry of its own)."""
     path = getattr(model, "path", None)
     if not enabled() or not path or not os.path.exists(path):
         return prior()
-    key = cache_key(path, f"{getattr(model, 'requant', None)}|{n_logits}")
+    key = cache_key(path, f"{getattr(model, 'requant', None)}|{n_logits}" + (f"|{variant}" if variant else ""))
     if key in _MEMO and not fresh:
         return _MEMO[key]
     file = cache_path(path, key)

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 import specdec
+from specdec.api.drafting import DraftPlan
+from specdec.api.request import DraftOptions
 from specdec.errors import ConfigError
 from specdec.generation.sampling import NumpyRandom, SamplerParams
-from specdec.speculation.drafters import ModelDrafter, MTPDrafter, make_drafter
+from specdec.speculation.drafters import HybridDrafter, ModelDrafter, MTPDrafter, make_drafter
 from specdec.testing import assert_greedy_identical, assert_same_law
 from specdec.testing.synth_qwen35 import Qwen35Spec, write_qwen35_model
 
@@ -156,3 +158,20 @@ def test_refused_without_nextn(q35):
     m, _ = q35(_spec(nextn=False))
     with pytest.raises(ConfigError, match="nextn"):
         make_drafter("mtp", m, SOFT, n_ctx=64)
+
+
+def test_the_defaults_draft_with_the_mtp_head(q35):
+    """No -md, no --draft: a target with an MTP head drafts with it (hybrid: lookup, else the
+    head), planned by the cost model with the head's step priced; greedy output unchanged."""
+    m, _ = q35(_spec())
+    options = DraftOptions().with_target(m)
+    assert options.mtp and options.enabled and options.drafter_kind == "hybrid"
+    assert not DraftOptions().with_target(q35(_spec(nextn=False))[0]).enabled
+    drafter, _ = options.build(m, SOFT, 128)
+    assert isinstance(drafter, HybridDrafter) and isinstance(drafter.model, MTPDrafter)
+    plan = DraftPlan(options, m)
+    costs = plan.costs()
+    assert costs.draft is not None and 0 < costs.c < 1
+    assert_greedy_identical(m, [CONTEXT, [5] * 9], 20, draft=options, ignore_eos=True)
+    out = m.generate(CONTEXT, 30, temperature=0.0, draft=options, ignore_eos=True)
+    assert out.stats.plan.startswith("plan: ") and set(out.stats.by_drafter) <= {"prompt-lookup", "mtp"}

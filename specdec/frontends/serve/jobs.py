@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from ...api.drafting import DraftPlan
 from ...generation.sampling import SamplerParams
+from ...speculation.drafters import has_mtp
 from .logprobs import MAX_TOP
 from .scheduler import Job, Scheduler
 from .wire import ApiError, CommonRequest, validation_error
@@ -93,9 +94,12 @@ def make_job(scheduler: Scheduler, config: ServeConfig, body: CommonRequest, ids
         top_p=d.top_p if body.top_p is None else body.top_p,
         min_p=d.min_p if body.min_p is None else body.min_p)
     kind = None if body.draft in (None, "none") else body.draft
-    if kind in ("model", "hybrid") and config.draft_model is None:
+    own = has_mtp(scheduler.model)                      # the target's MTP head drafts in a model's place
+    if (kind == "model" or (kind == "hybrid" and not own)) and config.draft_model is None:
         raise ApiError(400, f"draft {kind!r} needs a draft model: start the server with -md",
                        param="draft")
+    if kind == "mtp" and not own:
+        raise ApiError(400, "draft 'mtp' needs a model with an MTP head (nextn tensors)", param="draft")
     draft = DraftPlan.for_request(scheduler.draft, body.draft, body.draft_n, config.draft_model)
     n = next((x for x in (body.max_tokens, body.max_completion_tokens, body.n_predict)
               if x is not None), config.n_predict)

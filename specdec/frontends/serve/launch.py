@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ...errors import ConfigError
 from ...generation.sampling import SamplerParams
+from ...speculation.drafters import has_mtp
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -111,8 +112,9 @@ def build(a, *, load, draft_options, set_threads, log, quant=None):
         check_compatible(target.tokenizer, draft.tokenizer, target.name, draft.name,
                          options.retokenize)
         options = options.with_model(draft)
-    elif options.kind in ("model", "hybrid"):
+    elif options.kind == "model" or (options.kind == "hybrid" and not has_mtp(target)):
         raise ConfigError(f"--draft {options.kind} needs a draft model (-md)")
+    options = options.with_target(target)              # no -md: a target's own MTP head drafts
     scheduler = Scheduler(target, n_parallel=a.parallel, n_ctx=a.ctx_size or None, draft=options,
                           caps=caps, max_queue=a.queue_size, prefill_chunk=a.prefill_chunk,
                           threads=a.threads, start=False)       # stepped by run_server

@@ -40,7 +40,7 @@ class CommonRequest(BaseModel):
     stream_options: Optional[dict[str, Any]] = None
     n: int = Field(1, ge=1, le=1)
     ignore_eos: bool = False
-    draft: Optional[Literal["model", "prompt-lookup", "hybrid", "suffix", "none"]] = None
+    draft: Optional[Literal["model", "prompt-lookup", "hybrid", "suffix", "mtp", "none"]] = None
     draft_n: Optional[int] = Field(None, ge=1, le=DRAFT_N_MAX)
     logprobs: Optional[Union[bool, int]] = None            # completions: N; chat: true
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP)   # chat's N
