@@ -21,6 +21,10 @@ llama.cpp applies its grammar sampler first too), i.e. the masked, renormalised 
 
 Tree drafts are handled node by node the same way (`tree_under`): the mask of node i's row is
 the state after its root-to-i path; forbidden one-hot nodes are pruned with their subtrees.
+
+The steps (speculative.linear_step, tree_verify.tree_step) see all of this as one object,
+`Constrained` (cut, masked, settle), or without a constraint its null counterpart
+`Unconstrained`, which changes nothing (`step_constraint` picks).
 """
 from __future__ import annotations
 

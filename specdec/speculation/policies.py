@@ -1,16 +1,19 @@
 """Draft-length policies: how many tokens to draft at each speculative step.
 
-p is always the target's distribution, q the draft's.  Before each step generate_speculative
-asks the policy for n (`next_n()`, 0..policy.n_max, then capped by the remaining budget and
-context); after verification it reports what happened (`observe(StepFeedback)`).  Any policy
-keeps the output law exact: n is a function of the past only, and each step of Leviathan et
-al. 2023, Algorithm 1 is exact given its past, whatever n it drafts.
+p is always the target's distribution, q the draft's.  Before each step the speculative loop
+(bookkeeping.Bookkeeper) asks the policy for n (`next_n()`, 0..policy.n_max, then capped by
+the remaining budget and context); after verification it reports what happened
+(`observe(StepFeedback)`).  Any policy keeps the output law exact: n is a function of the
+past only, and each step of Leviathan et al. 2023, Algorithm 1 is exact given its past,
+whatever n it drafts.
 
   FixedLength(n)            always n.
   Threshold(n, p_min)       up to n, and a model drafter stops early once its confidence (top
                             plain-softmax probability) falls below p_min: llama.cpp's
-                            --draft-max / --draft-p-min, specdec's default.  The stop happens
-                            inside the drafter; make_drafter hands it `policy.p_min`.
+                            --draft-max / --draft-p-min, what a length flag asks for (the
+                            defaults plan the length instead: api/drafting.py's DraftPlan,
+                            cost_model.PlannedLength).  The stop happens inside the drafter;
+                            make_drafter hands it `policy.p_min`.
   AdaptiveLength(n_max)     n maximising expected tokens per second from online estimates of
                             the acceptance rate and the costs (below).
 
@@ -275,12 +278,6 @@ class AdaptiveLength(DraftPolicy):
         n_min = 0 if self.stop_after is not None and e.n_verified >= self.stop_after else self.n_min
         xs = [self._x(n) for n in range(self.n_max + 1)]
         return best_n_by_position(alphas, e.draft_s, line[0], line[1], n_min, self.n_max, xs)
-
-    def _any_line(self) -> tuple[float, float] | None:
-        """The verify line of the key with the most steps (verification cost is the target's,
-        whoever drafted)."""
-        es = sorted(self._est.values(), key=lambda e: -e.n_steps)
-        return next((ln for e in es if (ln := e.verify_line(self._prior(), self.prior_weight))), None)
 
     def observe(self, fb: StepFeedback) -> None:
         key = fb.key if fb.key is not None else fb.source

@@ -12,9 +12,15 @@ without its last token for the same reason.  With tree_k > 1 the step feeds that
 root of a token tree of candidates (target.eval_tree) and keeps the accepted path
 (target.commit_path): the same invariant.
 
+Read `linear_step` first: one step, draft -> one target pass -> accept/resample -> roll back,
+with the law in its comments.  `speculative_steps` is the loop around it (or around
+tree_verify.tree_step, the same step over a tree of candidates): the budget, the drafter's
+accept, the emitted tokens; what each step leaves behind (statistics, the policy's feedback,
+the trace) is bookkeeping.py's, a grammar's part of a step constrained.py's.
+
 Written once, as a coroutine over target passes (`speculative_steps` yields interfaces.Eval
 and is sent the logits); `generate_speculative` drives it alone, the server batches it with
-other requests.  The step stops early when `on_token` returns True (a stop string).
+other requests.  The loop stops early when `on_token` returns True (a stop string).
 
 Per step at most n_predict - generated tokens are emitted (the draft is capped at one less),
 and nothing after an end-of-generation token.  Timings: prompt_s covers the prefill of all
@@ -34,13 +40,13 @@ from typing import Callable, Collection, Generator, Sequence
 import numpy as np
 
 from ..errors import ConfigError, IncompatibleDraftError
+from ..generation.constraint import Constraint
 from ..generation.interfaces import Eval, GenerationResult, OnToken, Session, Steps, drive, make_timings
 from ..generation.plain import check_request, kept_prefix
 from ..generation.sampling import Rng, SamplerParams, probs_rows
 from .bookkeeping import Bookkeeper, StepResult, StepTimer
 from .constrained import Unconstrained, step_constraint
 from .drafters import Draft, Drafter
-from ..generation.constraint import Constraint
 from .policies import DRAFT_N_MAX, DraftPolicy, FixedLength, check_draft_n
 from .trace import TraceSink
 from .tree_verify import tree_step
