@@ -200,9 +200,9 @@ class DraftPlan:
 
 
 def _mtp_costs(target: Any, n_logits: int | None) -> Costs:
-    """The target's costs and its MTP block's step (engine/mtp.py): calibrated on this host
+    """The target's costs and its MTP block's step (engine/mtp_session.py): calibrated on this host
     (calibration.costs, variant 'mtp'), else priced by the bytes a step reads."""
-    from ..engine.mtp import MTPModel, mtp_bytes
+    from ..engine.mtp_session import MTPModel, mtp_bytes
     if calibration.enabled():
         return Costs(calibration.costs(target), calibration.costs(MTPModel(target), n_logits=n_logits, variant="mtp"))
     return Costs.prior(_bytes(target), float(mtp_bytes(target.weights, n_logits)))

@@ -198,7 +198,7 @@ def costs(model: Any, measure_fn: "Callable[[Any], PassCosts] | None" = None,
     from the cache (this process's, then the file), else measured now and written; the prior
     when calibration is off or the model has no file.  fresh: measure again whatever is cached.
     variant: what of the file is measured, when not the model itself ('mtp': its MTP block,
-    engine/mtp.py's MTPModel; a cache entry of its own)."""
+    engine/mtp_session.py's MTPModel; a cache entry of its own)."""
     path = getattr(model, "path", None)
     if not enabled() or not path or not os.path.exists(path):
         return prior()

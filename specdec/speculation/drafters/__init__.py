@@ -98,7 +98,7 @@ def make_drafter(draft, target, params: SamplerParams, *, draft_model=None, draf
         return ModelDrafter(session, params, draft_p, n_vocab=n_vocab)
 
     def mtp() -> MTPDrafter:
-        from ...engine.mtp import MTPSession
+        from ...engine.mtp_session import MTPSession
         if not has_mtp(target):
             raise ConfigError(f"--draft mtp: {getattr(target, 'name', 'the model')} has no nextn (MTP) "
                               f"tensors (a Qwen3.5 MTP GGUF has them)")

@@ -15,8 +15,8 @@ SOURCE = "mtp"
 
 
 class MTPDrafter(ModelDrafter):
-    """ModelDrafter over an engine.mtp.MTPSession: the MTP block's rows read the target's
-    hidden states (llama.cpp's draft-mtp, one head chained for n > 1: engine/mtp.py).
+    """ModelDrafter over an engine.mtp_session.MTPSession: the MTP block's rows read the target's
+    hidden states (llama.cpp's draft-mtp, one head chained for n > 1: engine/mtp_session.py).
 
     q is probs(the block's logits over ids 0..n_logits-1, params), zero elsewhere, and each
     drafted token is drawn from it (greedy at temperature 0, as llama.cpp's MTP drafter), so
