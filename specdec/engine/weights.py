@@ -1,6 +1,6 @@
-"""The weights: zero-copy views of the GGUF file's tensors, one frozen record per layer.
+"""The weights: the GGUF file's tensors as the kernels read them, one frozen record per layer.
 
-`Weights.load` reads every tensor the forward pass needs (and refuses, by name, any it does
+`Weights.from_gguf` reads every tensor the forward pass needs (and refuses, by name, any it does
 not read); a matmul weight is a `Linear`, the raw quantized rows as the kernels read them
 (repacked at load or requantized where asked, else the file's own bytes).
 """
@@ -18,7 +18,7 @@ from ..errors import ConfigError, GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
 from .deltanet import DeltaNet, load_deltanet
 from .moe import MoE, load_moe
-from .qwen35 import MTPHead, shape_of
+from .qwen35 import MTPHead, SharedExpert, shape_of
 from .prepared import Prepared
 from .requant import Requant, convert, narrows
 
@@ -67,6 +67,7 @@ class Layer:
     wqkv: Linear | None = None                # (D) -> ((H + 2 Hkv) * Dh): attn_qkv (phi3)
     moe: MoE | None = None                    # router and experts in place of the dense FFN
     deltanet: DeltaNet | None = None          # qwen35: a Gated DeltaNet layer in place of attention
+    shared: SharedExpert | None = None        # qwen35moe: the gated shared expert beside the experts
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class Weights:
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
             if cfg.is_hybrid:
-                layers.append(_qwen35_layer(gf, cfg, p, cfg.recurrent[i], lin, vec, f32, float_act))
+                layers.append(_qwen35_layer(gf, cfg, p, cfg.recurrent[i], lin, vec, f32, float_act, seen))
                 continue
             gemma, qk_norm = cfg.arch == "gemma3", cfg.arch in ("gemma3", "qwen3", "qwen3moe")
             moe = load_moe(gf, cfg, p, lin, seen, float_act) if cfg.is_moe else None
@@ -190,7 +191,7 @@ class Weights:
                      if p + "nextn.embed_tokens.weight" in gf.tensors else emb)
             mtp = MTPHead(eh_proj=lin(p + "nextn.eh_proj.weight", 2 * D, D, float_act=float_act),
                           enorm=vec(p + "nextn.enorm.weight", D), hnorm=vec(p + "nextn.hnorm.weight", D),
-                          layer=_qwen35_layer(gf, cfg, p, False, lin, vec, f32, float_act),
+                          layer=_qwen35_layer(gf, cfg, p, False, lin, vec, f32, float_act, seen),
                           head_norm=opt_vec(p + "nextn.shared_head_norm.weight", D)
                           if p + "nextn.shared_head_norm.weight" in gf.tensors else out_norm,
                           head=lin(p + "nextn.shared_head_head.weight", D, V, head=True)
@@ -200,15 +201,25 @@ class Weights:
         return cls(emb.w, emb.qtype, tuple(layers), out_norm, output, rope_freqs, mtp)
 
 
-def _qwen35_layer(gf: GGUFFile, cfg: ModelConfig, p: str, recurrent: bool, lin, vec, f32, float_act) -> Layer:
+def _qwen35_layer(gf: GGUFFile, cfg: ModelConfig, p: str, recurrent: bool, lin, vec, f32, float_act,
+                  seen: set[str]) -> Layer:
     """A qwen35 block (engine/qwen35.py): a Gated DeltaNet layer or gated attention (attn_q
     of 2 H Dh rows: each head's query, then its gate; q/k norms), then post_attention_norm
-    (kept as ffn_norm: the FFN's input norm) and a SwiGLU FFN."""
+    (kept as ffn_norm: the FFN's input norm) and a SwiGLU FFN, or (qwen35moe) the experts and
+    a shared expert gated by sigmoid(h·ffn_gate_inp_shexp)."""
     D, H, Hkv, Dh, F = cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_ff
 
     def mm(name, n_in, n_out):
         return lin(p + name + ".weight", n_in, n_out, float_act=float_act)
     attn = not recurrent
+    moe, shared = None, None
+    if cfg.is_moe:
+        moe = load_moe(gf, cfg, p, lin, seen, float_act)
+        Fs = cfg.d_ff_shexp
+        gate_inp = vec(p + "ffn_gate_inp_shexp.weight", D)                   # (D,): one logit per row
+        shared = SharedExpert(gate=mm("ffn_gate_shexp", D, Fs), up=mm("ffn_up_shexp", D, Fs),
+                              down=mm("ffn_down_shexp", Fs, D),
+                              gate_inp=Linear(p + "ffn_gate_inp_shexp.weight", gate_inp.reshape(1, D), 0, D, 1))
     return Layer(
         attn_norm=vec(p + "attn_norm.weight", D),
         wq=mm("attn_q", D, 2 * H * Dh) if attn else None,
@@ -216,7 +227,8 @@ def _qwen35_layer(gf: GGUFFile, cfg: ModelConfig, p: str, recurrent: bool, lin, 
         wv=mm("attn_v", D, Hkv * Dh) if attn else None,
         wo=mm("attn_output", H * Dh, D) if attn else None,
         ffn_norm=vec(p + "post_attention_norm.weight", D),
-        w_gate=mm("ffn_gate", D, F), w_up=mm("ffn_up", D, F), w_down=mm("ffn_down", F, D),
+        w_gate=None if moe else mm("ffn_gate", D, F), w_up=None if moe else mm("ffn_up", D, F),
+        w_down=None if moe else mm("ffn_down", F, D), moe=moe, shared=shared,
         q_norm=vec(p + "attn_q_norm.weight", Dh) if attn else None,
         k_norm=vec(p + "attn_k_norm.weight", Dh) if attn else None,
         deltanet=load_deltanet(gf, shape_of(cfg), D, p, lambda n, k, m: lin(n, k, m, float_act=float_act),

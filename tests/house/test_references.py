@@ -13,7 +13,14 @@ library's (``ray``, Ray Serve's ``serve``) is left alone, as are GGUF metadata k
 (``llama.cpp's tests/...``).  ``x.name`` with ``x`` none of our modules but ``name`` a
 function or class of ours is a module that moved or went.  Paths resolve from the repository root (a markdown file's own
 folder too), with any suffix (``verify_curve.{json,png}``); ``kernels/reference.attention``
-is a path and a name in it."""
+is a path and a name in it.
+
+A claim in backticks (```Weights.from_gguf```, ```chat.chat_prompt(...)```) or in a diagram (a
+fence with no language) is checked further: ``Class.name`` with ``Class`` one of ours needs
+``name`` defined by that class or a class of ours it derives from, and ``x.name`` with ``x`` a
+lowercase word that is none of our modules, while ``name`` is ours, needs ``x`` to be one of
+the object words prose uses (OBJECTS: ``session.eval``, ``stats.by_drafter``): otherwise it
+names a module that does not exist."""
 from __future__ import annotations
 
 import ast
@@ -44,6 +51,12 @@ LIBRARIES = {"ray", "serve", "models", "np", "numpy", "numba", "gguf", "tokenize
              "json", "time", "re", "math", "ast", "typing", "threading", "asyncio", "subprocess", "signal",
              "argparse", "collections", "dataclasses", "functools", "itertools", "pathlib", "random", "select",
              "socket", "struct", "platform", "string", "types", "enum", "io", "abc", "queue", "codecs", "http"}
+# the words prose uses for an object of ours or of a client library (``session.eval``): never modules
+OBJECTS = {"self", "session", "stats", "store", "sink", "drafter", "policy", "client", "message", "function",
+           "response_format", "module", "target", "draft", "conv", "spec", "cache", "cfg", "rng", "plan"}
+WIRE = {"chat.completion", "chat.completion.chunk"}                # OpenAI's object types, not names
+CLAIM = re.compile(r"(?<!`)``?([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\([^`\n]*\))?``?(?!`)")
+DIAGRAM = re.compile(r"^(`{3,})\n.*?^\1$", re.S | re.M)
 
 
 @lru_cache(maxsize=None)
@@ -135,6 +148,55 @@ def attributes() -> frozenset[str]:
     return frozenset(names)
 
 
+@lru_cache(maxsize=None)
+def classes() -> dict[str, list[ast.ClassDef]]:
+    out: dict[str, list[ast.ClassDef]] = {}
+    for p in CODE:
+        for node in ast.walk(tree(p)):
+            if isinstance(node, ast.ClassDef):
+                out.setdefault(node.name, []).append(node)
+    return out
+
+
+@lru_cache(maxsize=None)
+def class_names(cls: str) -> frozenset[str]:
+    """What a class of ours (every class of that name) defines, sets on self or inherits from a
+    class of ours; "*" when it derives from another library's class (anything may come from it)."""
+    names = set()
+    for node in classes()[cls]:
+        for b in node.bases:
+            base = b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else None
+            if base in classes() and base != cls:
+                names |= class_names(base)
+            elif base not in (None, "object", "Protocol", "Generic"):
+                names.add("*")
+        for item in ast.walk(node):
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and item is not node:
+                names.add(item.name)
+            elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                names.add(item.target.id)
+            elif isinstance(item, ast.Assign):
+                names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+            elif isinstance(item, ast.Attribute) and isinstance(item.value, ast.Name) and item.value.id == "self":
+                names.add(item.attr)
+    return frozenset(names)
+
+
+def claim_problem(ref: str) -> str | None:
+    """A backticked or drawn ``x.name``: a class's member that is not there, or a module that is not."""
+    head, _, rest = ref.partition(".")
+    name = rest.split(".")[0]
+    if (ref in WIRE or FILE_SUFFIX.search(ref) or head in LIBRARIES or GGUF_KEY.match(ref) or head == "specdec"
+            or head in modules()):
+        return None
+    if head in classes() and head[0].isupper():
+        members = class_names(head)
+        return None if name in members or "*" in members else f"no {ref} ({head} has no {name})"
+    if head.islower() and len(head) > 1 and head not in OBJECTS and (name in top_level() or name in attributes()):
+        return f"no {ref} ({head} is none of our modules)"
+    return None
+
+
 def path_exists(ref: str, folders: list[Path]) -> bool:
     """A file or folder (any suffix; * globs), or kernels/reference.attention: a name in a module."""
     for base in folders:
@@ -207,6 +269,13 @@ def problems(path: Path, line: int, text: str) -> list[str]:
             continue
         if not ok:
             out.append(f"{where(m)}: no {ref}")
+    claims = [m for m in CLAIM.finditer(text) if not any(m.start() in r for r in examples)]
+    if path.suffix == ".md":
+        claims += [m for d in DIAGRAM.finditer(text) for m in DOTTED.finditer(text, d.start(), d.end())]
+    for m in claims:
+        problem = claim_problem(m.group(1))
+        if problem and problem not in {p.split(": ", 1)[1] for p in out}:
+            out.append(f"{where(m)}: {problem}")
     return out
 
 
@@ -223,5 +292,9 @@ def test_the_check_sees_what_goes_stale():
             "weights.Weights", "model.generate", "specdec.api.Model.generate", "benchmarks/NAME.py",
             "llama.cpp's tests/test-tokenizer-0", "tokenizer.ggml.pre", "serve.deployment", "np.float32",
             "kernels/reference.attention", "benchmarks/results/intel/verify_curve.{json,png}", "tests/README.md"]
+    bad += ["`chat.chat_prompt`", "`Model.no_such_method`", "```\nprompt ──chat.chat_prompt──▶ text\n```",
+            "`Weights.load`", "``sampling.nothing_here()``", "`specdec.no_such_function`"]
+    good += ["`Model.chat_prompt`", "`Weights.from_gguf`", "`session.eval`", "`chat.completion.chunk`",
+             "`ModelConfig.from_gguf`", "`SpecStats.n_steps`", "```\nModelSession.eval(ids)\n```"]
     assert [b for b in bad if not problems(md, 1, b)] == []
     assert [p for g in good for p in problems(md, 1, g)] == []
