@@ -117,3 +117,25 @@ def test_greedy_defaults_equal_plain(tiny_model):
         plain = target.generate(prompt, n_predict=24, ignore_eos=True)
         spec = target.generate(prompt, n_predict=24, ignore_eos=True, draft=draft)
         assert spec.ids == plain.ids and spec.stats is not None and spec.stats.n_steps > 0
+        assert "model" not in spec.stats.by_drafter          # a draft as large as the target never pays
+        assert set(spec.stats.by_drafter) <= {"prompt-lookup"}
+
+
+@pytest.mark.parametrize("table", ["vnni", "zen3"])
+def test_the_defaults_draft_with_the_model_where_it_pays(tiny_model, monkeypatch, table):
+    """A draft model an eighth of the target's bytes (the plan's uncalibrated prior): on a
+    host whose extra rows are cheap (the vnni table, pinned here) both prompt lookup and the
+    draft model draft, and the answer is plain greedy's; where rows are dear (zen3) the plan
+    leaves the model out."""
+    monkeypatch.setenv("SPECDEC_PASS_COSTS", table)
+    target = tiny_model(TinySpec(seed=3, n_layer=8))
+    draft = tiny_model(TinySpec(seed=3, n_layer=1))
+    plain = target.generate([5, 9, 2], n_predict=64, ignore_eos=True)
+    spec = target.generate([5, 9, 2], n_predict=64, ignore_eos=True, draft=draft, seed=0)
+    assert spec.ids == plain.ids
+    by = spec.stats.by_drafter
+    if table == "vnni":
+        assert set(by) == {"prompt-lookup", "model"} and by["model"].n_drafted > 0, spec.stats.plan
+        assert "prompt-lookup+model" in spec.stats.plan
+    else:
+        assert "model" not in by, spec.stats.plan
