@@ -32,6 +32,11 @@ F32, Q8_0 = 0, 8
 SPECS = {f"qwen35-{'f32' if qt == F32 else 'q8_0'}{'-nextn' if nextn else ''}":
          Qwen35Spec(n_layer=8, qtype=qt, seed=21, n_ctx=256, n_vocab=64, merges=("a a",), nextn=nextn)
          for qt in (F32, Q8_0) for nextn in (False, True)}
+# qwen35moe: top-3 of 8 experts (F32 router) and the gated shared expert
+SPECS.update({f"qwen35moe-{'f32' if qt == F32 else 'q8_0'}{'-nextn' if nextn else ''}":
+              Qwen35Spec(n_layer=8, qtype=qt, seed=21, n_ctx=256, n_vocab=64, merges=("a a",), nextn=nextn,
+                         n_expert=8, n_expert_used=3, d_ff_exp=64)
+              for qt in (F32, Q8_0) for nextn in (False, True)})
 
 
 def sha256(path: Path) -> str:
@@ -39,7 +44,8 @@ def sha256(path: Path) -> str:
 
 
 def run(path: Path) -> dict:
-    """llama.cpp's logits over PROMPT (one call), then N_CONTINUE greedy tokens one per call."""
+    """llama.cpp's logits over PROMPT (one call), then N_CONTINUE greedy tokens one per call;
+    and (logits_whole) the logits of PROMPT + the continuation evaluated again in one call."""
     import llama_cpp
     import llama_cpp.llama as llama_mod
     from llama_cpp import Llama
@@ -60,7 +66,12 @@ def run(path: Path) -> dict:
         ids.append(tok)
         llm.eval([tok])
         rows.append(np.array(llm.scores[llm.n_tokens - 1], np.float64))
-    return {"logits": np.round(np.array(rows), 5).tolist(), "continuation": ids}
+    llm._ctx.kv_cache_seq_rm(-1, 0, -1)                          # the whole sequence: allowed
+    llm.n_tokens = 0
+    llm.eval(PROMPT + ids)
+    whole = np.array(llm.scores[:len(PROMPT) + len(ids)], np.float64)
+    return {"logits": np.round(np.array(rows), 5).tolist(), "continuation": ids,
+            "logits_whole": np.round(whole, 5).tolist()}
 
 
 def run_apart(path: Path) -> dict:

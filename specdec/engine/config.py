@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from ..errors import GGUFError, UnsupportedModelError
 from .gguf_file import GGUFFile
 
-SUPPORTED_ARCHS = ("llama", "mistral3", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "qwen3moe", "qwen35")
-HYBRID_ARCHS = ("qwen35",)           # Gated DeltaNet layers beside gated attention (engine/qwen35.py)
-MOE_ARCHS = ("llama", "qwen3moe")   # a router and experts where the file names an expert_count
+SUPPORTED_ARCHS = ("llama", "mistral3", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "qwen3moe", "qwen35",
+                   "qwen35moe")
+HYBRID_ARCHS = ("qwen35", "qwen35moe")          # Gated DeltaNet layers beside gated attention (engine/qwen35.py)
+MOE_ARCHS = ("llama", "qwen3moe", "qwen35moe")   # a router and experts where the file names an expert_count
 MAX_EXPERTS = 512                    # llama.cpp's LLAMA_MAX_EXPERTS
 MAX_COUNT = 1 << 24      # bound on every integer hyper-parameter (layers, widths, context)
 
@@ -18,7 +19,7 @@ MAX_COUNT = 1 << 24      # bound on every integer hyper-parameter (layers, width
 ROPE_NORM, ROPE_NEOX = 0, 2
 _ROPE_TYPE = {"llama": ROPE_NORM, "mistral3": ROPE_NORM, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "phi3": ROPE_NEOX,
               "smollm3": ROPE_NORM, "gemma3": ROPE_NEOX, "qwen3moe": ROPE_NEOX,
-              "qwen35": ROPE_NEOX}   # qwen35: interleaved M-RoPE, on text NEOX pairs (engine/qwen35.py)
+              "qwen35": ROPE_NEOX, "qwen35moe": ROPE_NEOX}   # qwen35*: interleaved M-RoPE, NEOX pairs on text
 NO_ROPE_PERIOD = {"smollm3": 4}   # layer il skips RoPE iff (il + 1) % period == 0 (hparams.n_no_rope_layer_step)
 
 
@@ -52,6 +53,7 @@ class ModelConfig:
     d_ff_exp: int = 0                # each expert's FFN width
     expert_norm: bool = True         # renormalise the k weights to sum 1
     expert_scale: float = 1.0        # then multiply them by this
+    d_ff_shexp: int = 0              # qwen35moe: the shared expert's width (0: none)
     # qwen35 (engine/qwen35.py, engine/deltanet.py): which layers are Gated DeltaNet layers
     recurrent: tuple[bool, ...] = ()  # per layer (empty: none)
     ssm_conv_kernel: int = 0         # K taps of the causal conv1d (ssm.conv_kernel)
@@ -196,8 +198,8 @@ def _experts(gf: GGUFFile, arch: str, key, count, real) -> dict:
     them by expert_weights_scale when set.  Routing specdec does not implement (expert groups,
     a gating function other than softmax, shared experts) is refused by key."""
     n_expert = count("expert_count", 0, lo=0, hi=MAX_EXPERTS)
-    if arch == "qwen3moe" and n_expert == 0:
-        raise GGUFError(f"{gf.path}: qwen3moe.expert_count is missing (a qwen3moe file has experts)")
+    if arch in ("qwen3moe", "qwen35moe") and n_expert == 0:
+        raise GGUFError(f"{gf.path}: {arch}.expert_count is missing (a {arch} file has experts)")
     if n_expert == 0:
         return {}
     if arch not in MOE_ARCHS:
@@ -207,20 +209,25 @@ def _experts(gf: GGUFFile, arch: str, key, count, real) -> dict:
     for name, ok in (("expert_group_count", (0, 1)), ("expert_gating_func", (0, 1)),
                      ("expert_shared_count", (0,)), ("expert_shared_feed_forward_length", (0,))):
         v = key(name, 0)
+        if arch == "qwen35moe" and name.startswith("expert_shared"):
+            continue                         # its one gated shared expert (engine/qwen35.py)
         if v not in ok:
             raise UnsupportedModelError(f"{gf.path}: {arch}.{name} = {v!r:.40} is not implemented by specdec")
     norm = key("expert_weights_norm", True)
     if not isinstance(norm, bool):
         raise GGUFError(f"{gf.path}: {arch}.expert_weights_norm is {norm!r:.40}, expected a bool")
     scale = real("expert_weights_scale", 0.0)
-    if arch == "qwen3moe":
+    shared = {}
+    if arch == "qwen35moe":       # llama.cpp: n_ff_shexp, else n_ff
+        shared = dict(d_ff_shexp=count("expert_shared_feed_forward_length", 0, lo=0) or count("feed_forward_length"))
+    if arch in ("qwen3moe", "qwen35moe"):
         width = count("expert_feed_forward_length", 0, lo=0)
         if width == 0:
             width = count("feed_forward_length") // used
     else:
         width = count("feed_forward_length")
     return dict(n_expert=n_expert, n_expert_used=used, d_ff_exp=width, expert_norm=norm,
-                expert_scale=scale if scale not in (0.0, 1.0) else 1.0)
+                expert_scale=scale if scale not in (0.0, 1.0) else 1.0, **shared)
 
 
 def _hybrid(gf: GGUFFile, arch: str, key, count, n_all: int, d_head: int) -> dict:

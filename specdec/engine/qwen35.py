@@ -74,9 +74,34 @@ def gated_attention(cfg, L, h: np.ndarray, caches, kv: int, starts, rows, pos: n
     return L.wo(o)
 
 
+@dataclass(frozen=True)
+class SharedExpert:
+    """qwen35moe's shared expert (llama.cpp's qwen35moe build_layer_ffn): a SwiGLU FFN beside
+    the routed experts, its output times sigmoid(h·ffn_gate_inp_shexp)."""
+    gate: object              # Linear (D) -> (Fs)
+    up: object                # Linear (D) -> (Fs)
+    down: object              # Linear (Fs) -> (D)
+    gate_inp: object          # Linear (D) -> (1), the (D,) vector as one row
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        """h (M, D) normed -> (M, D)."""
+        g, u = self.gate(h), self.up(h)                                          # (M, Fs) each
+        swiglu(g, u, g)
+        y = self.down(g)                                                         # (M, D)
+        z = np.ascontiguousarray(np.broadcast_to(self.gate_inp(h), y.shape))     # (M, D) the row's logit
+        mul_sigmoid(y, z)
+        return y
+
+
 def ffn_block(cfg, L, x: np.ndarray, h: np.ndarray) -> None:
-    """x += FFN(rms(x)·post_attention_norm), in place (h: (M, D) scratch)."""
+    """x += FFN(rms(x)·post_attention_norm), in place (h: (M, D) scratch): a SwiGLU FFN, or
+    (qwen35moe) the routed experts plus the gated shared expert."""
     rms_norm(x, L.ffn_norm, cfg.norm_eps, h)
+    if L.moe is not None:
+        f = L.moe(h)                                                             # (M, D)
+        f += L.shared(h)
+        x += f
+        return
     gate, up = L.w_gate(h), L.w_up(h)                                            # (M, F) each
     swiglu(gate, up, gate)
     x += L.w_down(gate)

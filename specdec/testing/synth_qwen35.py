@@ -47,6 +47,10 @@ class Qwen35Spec:
     n_ctx: int = 512
     merges: tuple[str, ...] = ()
     chat_template: str | None = None   # tokenizer.chat_template (Jinja2), none by default
+    n_expert: int = 0              # > 0: a qwen35moe file, each FFN E experts and a shared expert
+    n_expert_used: int = 2
+    d_ff_exp: int = 0              # expert_feed_forward_length (0: d_ff)
+    d_ff_shexp: int = 0            # expert_shared_feed_forward_length (0: d_ff)
 
 
 def write_qwen35_model(path: str | Path, spec: Qwen35Spec = Qwen35Spec()) -> Path:
@@ -56,8 +60,8 @@ def write_qwen35_model(path: str | Path, spec: Qwen35Spec = Qwen35Spec()) -> Pat
     D, H, Hkv, Dh, F, V = spec.d_model, spec.n_head, spec.n_head_kv, spec.d_head, spec.d_ff, spec.n_vocab
     Hk, Hv, S = spec.n_k_heads, spec.n_v_heads, spec.d_state
     conv_dim = 2 * Hk * S + Hv * S
-    w = gguf.GGUFWriter(str(path), "qwen35")
-    a = "qwen35"
+    a = "qwen35moe" if spec.n_expert else "qwen35"
+    w = gguf.GGUFWriter(str(path), a)
     w.add_block_count(spec.n_layer + (1 if spec.nextn else 0))
     w.add_context_length(spec.n_ctx)
     w.add_embedding_length(D)
@@ -76,6 +80,12 @@ def write_qwen35_model(path: str | Path, spec: Qwen35Spec = Qwen35Spec()) -> Pat
     w.add_uint32(f"{a}.ssm.time_step_rank", Hv)
     w.add_uint32(f"{a}.ssm.group_count", Hk)
     w.add_uint32(f"{a}.full_attention_interval", spec.interval)
+    E, Fe, Fs = spec.n_expert, spec.d_ff_exp or F, spec.d_ff_shexp or F
+    if E:
+        w.add_expert_count(E)
+        w.add_expert_used_count(spec.n_expert_used)
+        w.add_expert_feed_forward_length(Fe)
+        w.add_uint32(f"{a}.expert_shared_feed_forward_length", Fs)
     if spec.nextn:
         w.add_uint32(f"{a}.nextn_predict_layers", 1)
     meta = tokenizer_metadata(TinySpec(n_vocab=V, merges=spec.merges))
@@ -90,13 +100,15 @@ def write_qwen35_model(path: str | Path, spec: Qwen35Spec = Qwen35Spec()) -> Pat
     if spec.chat_template is not None:
         w.add_chat_template(spec.chat_template)
 
-    def mat(name, n_out, n_in, std, qtype=None):
+    def mat(name, n_out, n_in, std, qtype=None, n_stack=0):
+        """(N, K) weights of qtype (spec.qtype), or n_stack of them as one (E, N, K) tensor."""
         qt = T(spec.qtype if qtype is None else qtype)
+        lead = (n_stack,) if n_stack else ()
         if qt in _KQUANT_SCALES:
-            raw = _random_kquant(rng, n_out, n_in, qt, std)
+            raw = _random_kquant(rng, max(n_stack, 1) * n_out, n_in, qt, std).reshape(*lead, n_out, -1)
             w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
             return
-        x = (rng.standard_normal((n_out, n_in)) * std).astype(np.float32)       # (N, K)
+        x = (rng.standard_normal((*lead, n_out, n_in)) * std).astype(np.float32)  # ([E,] N, K)
         if qt == T.F32:
             w.add_tensor(name, x)
         elif qt == T.F16:
@@ -131,6 +143,16 @@ def write_qwen35_model(path: str | Path, spec: Qwen35Spec = Qwen35Spec()) -> Pat
         else:
             attention(p)
         vec(p + "post_attention_norm.weight", D)
+        if E:                                  # router (F32 as in real files), experts, shared expert
+            mat(p + "ffn_gate_inp.weight", E, D, 1 / np.sqrt(D), qtype=T.F32)
+            mat(p + "ffn_gate_exps.weight", Fe, D, 1 / np.sqrt(D), n_stack=E)
+            mat(p + "ffn_up_exps.weight", Fe, D, 1 / np.sqrt(D), n_stack=E)
+            mat(p + "ffn_down_exps.weight", D, Fe, 1 / np.sqrt(Fe), n_stack=E)
+            vec(p + "ffn_gate_inp_shexp.weight", D, around=0.0, std=1 / np.sqrt(D))
+            mat(p + "ffn_gate_shexp.weight", Fs, D, 1 / np.sqrt(D))
+            mat(p + "ffn_up_shexp.weight", Fs, D, 1 / np.sqrt(D))
+            mat(p + "ffn_down_shexp.weight", D, Fs, 1 / np.sqrt(Fs))
+            return
         mat(p + "ffn_gate.weight", F, D, 1 / np.sqrt(D))
         mat(p + "ffn_up.weight", F, D, 1 / np.sqrt(D))
         mat(p + "ffn_down.weight", D, F, 1 / np.sqrt(F))

@@ -1,6 +1,6 @@
-"""Agreement with llama.cpp on synthetic qwen35 files (8 layers: six Gated DeltaNet layers,
-gated attention at layers 3 and 7; with and without the MTP block's nextn tensors; F32 and
-Q8_0 weights).
+"""Agreement with llama.cpp on synthetic qwen35 and qwen35moe files (8 layers: six Gated
+DeltaNet layers, gated attention at layers 3 and 7; with and without the MTP block's nextn
+tensors; F32 and Q8_0 weights; qwen35moe: top-3 of 8 experts and the gated shared expert).
 
 tests/data/reference/qwen35_synthetic.json holds what llama.cpp (llama-cpp-python 0.3.36,
 built natively) computed on files written by specdec.testing.synth_qwen35 from the specs
@@ -13,6 +13,13 @@ token per pass) and compares the log-probabilities of every token at every posit
   continuation 0.0012: summation orders, fp16 K/V in llama.cpp), Q8_0 0.11 (mean 0.014: both
   round the matmul inputs to Q8_0, a code here and there lands on the other side); the bounds
   are those of the other architectures' synthetic files (test_reference_synthetic.py).
+- qwen35moe: llama.cpp's one-token decode disagrees with its own evaluation of the same
+  tokens in one call from the first decode step on (max |Δlogprob| 0.16 F32, where the
+  dense files' two agree to 0.0001), so the MoE files are compared with the latter
+  (`logits_whole`, recorded beside): F32 0.0017.  Q8_0: a router whose k-th and (k+1)-th
+  logits are closer than ROUTE_MARGIN may pick the other expert under another rounding (as in
+  test_reference_synthetic.py); those positions are left out (12 of 44; at 4 of them the
+  gap is 0.19-0.37, then the state recovers): the rest 0.11.
 - a rule broken on purpose lands far outside: the gated RMSNorm's silu(z) gate dropped
   (measured 4.4 F32, 4.0 Q8_0), the attention output's sigmoid gate dropped (2.1, 2.1), q/k
   RMS-normed instead of L2-normed (4.2, 4.6).
@@ -34,6 +41,8 @@ from specdec.testing.synth_qwen35 import Qwen35Spec, write_qwen35_model
 DATA = Path(__file__).parents[1] / "data" / "reference" / "qwen35_synthetic.json"
 REF = json.loads(DATA.read_text()) if DATA.exists() else {"models": {}}
 LOGPROB_BOUND = {"f32": 0.005, "q8_0": 0.25}
+ROUTE_MARGIN = {"f32": 0.0, "q8_0": 0.01}
+MAX_AMBIGUOUS = 16                    # of the 44 positions
 
 
 def _weights(name: str) -> str:
@@ -57,26 +66,50 @@ def _logprobs(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def _gap(m, rec) -> float:
-    """max |Δ log-probability| over the prompt's positions and the continuation's."""
+def _gap(m, rec, clear=None) -> float:
+    """max |Δ log-probability| over the prompt's positions and the continuation's (dense:
+    against llama.cpp's one-token-per-call logits; experts: its logits of the whole sequence
+    in one call), the positions where `clear` is False left out."""
     s = m.session(128)
     rows = [s.eval(REF["prompt"])] + [s.eval([t]) for t in rec["continuation"]]
-    return float(np.abs(_logprobs(np.concatenate(rows)) - _logprobs(np.array(rec["logits"]))).max())
+    ref = np.array(rec["logits_whole"] if m.config.is_moe else rec["logits"])
+    gap = np.abs(_logprobs(np.concatenate(rows)) - _logprobs(ref)).max(axis=1)
+    return float(gap[clear].max() if clear is not None else gap.max())
+
+
+def _route_margins(m, ids, monkeypatch) -> np.ndarray:
+    """(P,) each position's smallest gap between its k-th and (k+1)-th router logits."""
+    import specdec.engine.moe as moe_mod
+    seen, real = [], moe_mod.route
+
+    def spy(logits, k, norm, scale):
+        top = np.sort(logits, axis=1)[:, ::-1]
+        seen.append(top[:, k - 1] - top[:, k])
+        return real(logits, k, norm, scale)
+    monkeypatch.setattr(moe_mod, "route", spy)
+    m.session(128).eval(ids)
+    monkeypatch.undo()
+    return np.min(seen, axis=0)
 
 
 @pytest.mark.parametrize("name", sorted(REF["models"]))
-def test_logprobs_agree_with_llamacpp_at_every_position(models, name):
+def test_logprobs_agree_with_llamacpp_at_every_position(models, name, monkeypatch):
     m = models[name]
     if m is None:
         pytest.skip(f"{name}: the file written here differs from the one llama.cpp ran (writer or NumPy changed)")
     rec = REF["models"][name]
-    gap = _gap(m, rec)
+    clear = None
+    if m.config.is_moe:
+        clear = _route_margins(m, REF["prompt"] + rec["continuation"], monkeypatch) >= ROUTE_MARGIN[_weights(name)]
+        assert (~clear).sum() <= MAX_AMBIGUOUS, f"{name}: {(~clear).sum()} positions route ambiguously"
+    gap = _gap(m, rec, clear)
     assert gap <= LOGPROB_BOUND[_weights(name)], f"{name}: max |Δlogprob| {gap:.4g}"
     assert (m.weights.mtp is not None) == name.endswith("nextn")
 
 
 def test_every_kind_is_covered():
-    assert set(REF["models"]) == {f"qwen35-{w}{n}" for w in ("f32", "q8_0") for n in ("", "-nextn")}
+    assert set(REF["models"]) == {f"{a}-{w}{n}" for a in ("qwen35", "qwen35moe") for w in ("f32", "q8_0")
+                                  for n in ("", "-nextn")}
 
 
 def _rms_instead_of_l2(x, eps):

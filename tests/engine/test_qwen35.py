@@ -205,3 +205,17 @@ def test_trees_and_unknown_tensors_are_refused(q35, tmp_path):
     r = gguf.GGUFReader(path)
     assert "blk.0.ssm_a" in {t.name for t in r.tensors}
     assert GGUFFile(path).get("qwen35.full_attention_interval") == 4
+
+
+def test_qwen35moe_rolls_back_and_batches_exactly(q35):
+    """qwen35moe (experts and the gated shared expert in each FFN): the same exactness."""
+    spec = Qwen35Spec(seed=11, n_expert=4, n_expert_used=2, d_ff_exp=32, nextn=True)
+    m = q35(spec)
+    assert m.config.is_moe and m.config.d_ff_shexp == spec.d_ff and m.weights.layers[0].shared is not None
+    assert m.weights.mtp.layer.moe is not None
+    assert _rollbacks_exact(m, TOKENS[:6], [11, 2, 40, 7, 19])
+    prompts = [TOKENS[:3], TOKENS[2:12]]
+    alone = [m.session(64).eval(p) for p in prompts]
+    for a, b in zip(alone, eval_batch([m.session(64) for _ in prompts], prompts)):
+        assert np.array_equal(a, b)
+    assert_greedy_identical(m, [TOKENS[:5]], 12, draft="prompt-lookup", draft_n=3, ignore_eos=True)
