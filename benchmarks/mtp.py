@@ -15,7 +15,7 @@ Three figures, each as a fraction of the target's one-row pass:
 Random weights: no acceptance is measured or claimed; the predictions are at given acceptances.
 
     python benchmarks/mtp.py [--file ~/.cache/specdec/qwen35-2b-shape-q4_k.gguf] [--tiny]
-                             [--out benchmarks/results/mtp.json] [--bytes-only]
+                             [--out OUT.json] [--bytes-only]
 """
 from __future__ import annotations
 
