@@ -12,11 +12,13 @@ it is waiting on.  One step:
   3. send each coroutine its logits; it samples / verifies, drafts its next tokens (a draft
      model runs inside the coroutine, per request) and yields its next Eval, or finishes.
 
+A request is a `Job` (job.py: its events, how it ends); this module admits, steps and ends them.
+
 Every row's logits are the same bits whichever batch it is in (the kernels are row
 independent; transformer.eval_batch is bitwise each session's own eval), so a request's tokens
 never depend on the load, with one lever left: how much a request drafts.  Greedy output is
 the same for any draft length, so greedy requests draft at most `DraftCaps.cap(batch size)`
-tokens (underload.py: a table chosen from measured step costs, docs/serve.md).  A sampled
+tokens (draft_caps.py: a table chosen from measured step costs, docs/serve.md).  A sampled
 request's random draws depend on its draft lengths, so its drafting is never touched by load: a seeded
 sampled request gives the same tokens alone and under load.
 """
@@ -25,19 +27,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 from ...engine.transformer import eval_batch
 from ...errors import ConfigError, SpecdecError
 from ...generation.interfaces import Eval, EvalTree, GenerationResult, run_eval
 from ...api.drafting import Load
 from ...api.request import DraftOptions, Runner
-from ...generation.sampling import SamplerParams
-from ...text.tokenizer import StreamDecoder
 
 from .draft_caps import DraftCaps
-from .logprobs import RowCursor, TokenLogprob, token_logprob
+from .job import Cancelled, Job, JobResult, _TextTracker
+from .logprobs import RowCursor
 from .metrics import Metrics
 from .tokenlog import TokenLog
 
@@ -51,99 +52,6 @@ class ShuttingDown(SpecdecError):
 
 
 DEFAULT_PREFILL_CHUNK = 256     # prompt rows per step while other requests decode (0: whole)
-
-
-# -- jobs ------------------------------------------------------------------------------------
-
-@dataclass
-class Job:
-    """One request as the scheduler runs it.  `on_event(kind, value)` is called from the
-    scheduler thread: ('text', str) deltas as they are final — at most one per step, the
-    tokens of a speculative step together — then exactly one of ('done', JobResult) or
-    ('error', Exception); with stream False only the last of these (the text is in the
-    result: no event per step crosses threads).  With `logprobs` set (the number of
-    alternatives per token, 0..logprobs.MAX_TOP; None: none computed), each text delta is
-    preceded by ('logprobs', [TokenLogprob, ...]): the tokens emitted since the last one
-    (logprobs.py; post_sampling: of the sampler's warped distribution)."""
-    prompt_ids: list[int]
-    n_predict: int                          # -1: until end of generation or a full context
-    params: SamplerParams
-    draft: DraftOptions = DraftOptions()
-    prediction: str | list[int] | None = None   # the predicted output (Runner.predict)
-    constraint: Any = None                  # a ConstraintSpec the output follows (structured.py)
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    stream: bool = True                     # text (and logprobs) events per step
-    logprobs: int | None = None
-    post_sampling: bool = False
-    tokens: bool = False                    # the `specdec` extension: ('specdec', dict) events
-    on_event: Callable[[str, object], None] | None = None
-    id: int = 0
-    submitted: float = field(default_factory=time.perf_counter)
-    started: float = 0.0                    # when it got a slot
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    finished: threading.Event = field(default_factory=threading.Event)
-    result: "JobResult | None" = None
-    error: Exception | None = None
-    text_parts: list[str] = field(default_factory=list)
-    token_logprobs: list[TokenLogprob] = field(default_factory=list)   # one per emitted token
-    text_offsets: list[int] = field(default_factory=list)              # its first character
-    _lp_sent: int = 0                       # token_logprobs already sent as an event
-    _delta: list[str] = field(default_factory=list)    # text of this step, not yet sent
-    tokenlog: TokenLog | None = None        # with `tokens`: each token's kind, each step's record
-    cancel_reason: str | None = None        # the Cancelled error's message (Job.cancel)
-
-    def cancel(self, reason: str | None = None) -> None:
-        """Ask the scheduler to stop this request and free its slot at its next step; it then
-        fails with Cancelled(reason) (None: 'the request was cancelled')."""
-        if reason is not None and not self.cancelled.is_set():
-            self.cancel_reason = reason
-        self.cancelled.set()
-
-    def wait(self, timeout: float | None = None) -> "JobResult":
-        """Block until done (in-process callers and tests); raises the request's error."""
-        if not self.finished.wait(timeout):
-            raise TimeoutError("request still running")
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-@dataclass(frozen=True)
-class JobResult:
-    ids: list[int]
-    text: str
-    gen: GenerationResult
-    queue_s: float                          # time waiting for a slot
-    logprobs: tuple[TokenLogprob, ...] | None = None    # one per id (Job.logprobs set)
-    text_offsets: tuple[int, ...] = ()
-
-
-class _TextTracker:
-    """Detokenizes incrementally and finds stop strings: `push(id)` returns the text that is
-    final (no stop string can still begin in it) and whether a stop string has appeared."""
-
-    def __init__(self, tokenizer, stop: Sequence[str]):
-        self.dec, self.stop = StreamDecoder(tokenizer), [s for s in stop if s]
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
-        self.text, self.sent, self.stopped = "", 0, False
-
-    def push(self, token: int) -> bool:
-        start = max(0, len(self.text) - self.hold)
-        self.text += self.dec.push(token)
-        for s in self.stop:
-            i = self.text.find(s, start)
-            if i >= 0:
-                self.text, self.stopped = self.text[:i], True
-        return self.stopped
-
-    def ready(self, final: bool = False) -> str:
-        if final and not self.stopped:
-            self.text += self.dec.flush()
-        upto = len(self.text) if final or self.stopped else max(self.sent, len(self.text) - self.hold)
-        out, self.sent = self.text[self.sent:upto], max(self.sent, upto)
-        return out
 
 
 @dataclass
@@ -263,7 +171,7 @@ class Scheduler:
         for job in queued:
             self.metrics.request_done("rejected")
             job.error = Cancelled("the server is shutting down: retry the request")
-            self._emit(job, "error", job.error)
+            job.emit("error", job.error)
             job.finished.set()
 
     def cancel_all(self, reason: str | None = None, stop: bool = False) -> None:
@@ -328,25 +236,10 @@ class Scheduler:
                 # a tree pass's logits rows are its nodes, not the emitted tokens in order
                 raise ConfigError("logprobs / n_probs are not computed with --draft-tree > 1")
             rows = RowCursor() if job.logprobs is not None else None
-            lp_params = job.params if job.post_sampling else None
-            log = job.tokenlog = TokenLog(text, runner.options.describe()) if job.tokens else None
-
-            def on_token(token: int, kind: str) -> bool:
-                if log is not None:
-                    log.token(token, kind, len(text.text))
-                if rows is not None:
-                    job.text_offsets.append(len(text.text))
-                    job.token_logprobs.append(token_logprob(rows.take(), token, job.logprobs, lp_params))
-                stopped = text.push(token)
-                delta = text.ready()
-                if delta:
-                    job.text_parts.append(delta)
-                    job._delta.append(delta)
-                return stopped
-
+            job.tokenlog = TokenLog(text, runner.options.describe()) if job.tokens else None
             n_predict = job.n_predict if job.n_predict >= 0 else self.n_ctx
-            steps = runner.steps(job.prompt_ids, n_predict, on_token=on_token, trace=log,
-                                 constraint=job.constraint)
+            steps = runner.steps(job.prompt_ids, n_predict, on_token=job.on_token(text, rows),
+                                 trace=job.tokenlog, constraint=job.constraint)
             a = _Active(job, slot, steps, None, text, runner=runner, rows=rows)
             try:
                 a.pending = next(steps)
@@ -387,7 +280,7 @@ class Scheduler:
             except Exception as e:                      # noqa: BLE001
                 self._finish(a, None, e, "error")
                 continue
-            self._flush(a.job)
+            a.job.flush()
         self.metrics.step_done(len(batch), sum(len(ev.tokens) for ev in evals),
                                time.perf_counter() - t0)
 
@@ -414,11 +307,8 @@ class Scheduler:
         if gen is not None:
             if a.runner is not None:
                 a.runner.remember(a.job.prompt_ids, gen.ids)      # the shared suffix store
-            tail = a.text.ready(final=True)
-            if tail:
-                a.job.text_parts.append(tail)
-                a.job._delta.append(tail)
-            self._flush(a.job, final=True)
+            a.job.add_text(a.text.ready(final=True))
+            a.job.flush(final=True)
         self._release(a.job, a.slot, gen, err, status)
 
     def _release(self, job: Job, slot: int, gen: GenerationResult | None,
@@ -433,35 +323,9 @@ class Scheduler:
             lps = tuple(job.token_logprobs) if job.logprobs is not None else None
             job.result = JobResult(list(gen.ids), "".join(job.text_parts), gen,
                                    job.started - job.submitted, lps, tuple(job.text_offsets))
-            self._emit(job, "done", job.result)
+            job.emit("done", job.result)
         else:
             self.metrics.request_done(status)
             job.error = err if err is not None else Cancelled(job.cancel_reason or "the request was cancelled")
-            self._emit(job, "error", job.error)
+            job.emit("error", job.error)
         job.finished.set()
-
-    def _flush(self, job: Job, final: bool = False) -> None:
-        """A streamed job's text of this step as one event, after the logprobs of the tokens
-        emitted since the last one (all of them at the end)."""
-        if not job.stream or not (job._delta or final):
-            return
-        if job.logprobs is not None and job._lp_sent < len(job.token_logprobs):
-            self._emit(job, "logprobs", job.token_logprobs[job._lp_sent:])
-            job._lp_sent = len(job.token_logprobs)
-        ext = job.tokenlog.take(final) if job.tokenlog is not None else None
-        if ext:
-            self._emit(job, "specdec", ext)
-        if job._delta:
-            delta, job._delta = "".join(job._delta), []
-            self._emit(job, "text", delta)
-
-    def _emit(self, job: Job, kind: str, value) -> None:
-        if job.on_event is not None:
-            try:
-                job.on_event(kind, value)
-            except Exception:                           # noqa: BLE001 - a gone client is no fault
-                job.cancel()
-
-
-class Cancelled(SpecdecError):
-    """The client went away or the server stopped before the request finished."""

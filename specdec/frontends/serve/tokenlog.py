@@ -28,7 +28,7 @@ class TokenLog:
     """One request's tokens (`token(id, kind, start)` from on_token, start: the token's first
     character in the answer text) and verification steps (`write(record)`: a TraceSink),
     handed out by `take` as their text is released.  `text`: the request's text tracker
-    (scheduler._TextTracker: `.text` so far, `.sent` characters released to the client)."""
+    (job._TextTracker: `.text` so far, `.sent` characters released to the client)."""
 
     def __init__(self, text, drafting: str = ""):
         self.text, self.drafting = text, drafting
