@@ -219,3 +219,19 @@ def test_qwen35moe_rolls_back_and_batches_exactly(q35):
     for a, b in zip(alone, eval_batch([m.session(64) for _ in prompts], prompts)):
         assert np.array_equal(a, b)
     assert_greedy_identical(m, [TOKENS[:5]], 12, draft="prompt-lookup", draft_n=3, ignore_eos=True)
+
+
+def test_output_law_is_plain_law(q35, monkeypatch):
+    """The enumerated law of the next tokens on a tiny vocabulary: speculative (a qwen35 draft
+    model, rejections rolling the recurrent state back) == plain; with a rollback that
+    replays one row too many, the laws differ."""
+    from specdec.testing import assert_same_law
+    target = q35(Qwen35Spec(n_vocab=5, seed=12, logit_scale=2.0))
+    draft = q35(Qwen35Spec(n_vocab=5, seed=13, logit_scale=2.0))
+    kw = dict(temperature=1.0, ignore_eos=True, draft=draft, draft_policy="fixed")
+    for n in (1, 2):
+        assert_same_law(target, [1, 2], 3, draft_n=n, **kw)
+    real = recurrent.RecurrentState.replay
+    monkeypatch.setattr(recurrent.RecurrentState, "replay", lambda self, r: real(self, min(r + 1, self.log.m)))
+    with pytest.raises(AssertionError, match="law"):
+        assert_same_law(target, [1, 2], 3, draft_n=2, **kw)
