@@ -1,16 +1,21 @@
-"""Regenerate the README's speed section from the benchmark JSON files.
+"""Regenerate the speed tables from the benchmark JSON files: docs/speed.md's section per CPU,
+and the README's one table per CPU.
 
 Reads bandwidth.json, decode.json, verify_curve.json, speculative.json, drafters.json,
 replay.json and memory.json from --results (whichever exist) and rewrites the block between the
-`<!-- speed-table -->` and `<!-- /speed-table -->` markers of README.md.  Plots are copied
-to docs/img/ so that the README can show them.
+`<!-- speed-table -->` and `<!-- /speed-table -->` markers of docs/speed.md, and the README's
+`<!-- speed-summary -->` block: the decoding table (`benchmarks/decode.py`) with its
+provenance and a link to the rest.  Plots are copied to docs/img/ so that docs/speed.md can
+show them.
 
-    python benchmarks/readme_table.py [--results bench-results] [--readme README.md]
+    python benchmarks/readme_table.py [--results bench-results] [--doc docs/speed.md] [--readme README.md]
     python benchmarks/readme_table.py --results benchmarks/results/amd --block amd
+    python benchmarks/readme_table.py --results benchmarks/results/intel --summary-only
 
---block NAME rewrites the block between `<!-- speed-table:NAME -->` and
-`<!-- /speed-table:NAME -->` instead (one block per CPU the figures were measured on), with
-its plots under docs/img/NAME/.
+--block NAME rewrites the blocks `<!-- speed-table:NAME -->` ... `<!-- /speed-table:NAME -->`
+and `<!-- speed-summary:NAME -->` ... instead (one per CPU the figures were measured on), with
+its plots under docs/img/NAME/.  --summary-only leaves docs/speed.md alone (its block may
+hold tables whose JSON another run made).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- speed-table -->", "<!-- /speed-table -->"
+SUMMARY = "speed-summary"
 PLOTS = ("decode.png", "verify_curve.png", "speculative.png", "drafters.png", "replay.png")
 
 
@@ -165,7 +171,8 @@ def _when(d: dict, date: str) -> str:
     return "" if d["machine"]["date"] == date else f" (run of {d['machine']['date']})"
 
 
-def build(results: Path, img: str = "docs/img") -> str:
+def build(results: Path, img: str = "img", links: str = "") -> str:
+    """docs/speed.md's block; img and links relative to the file that holds it."""
     bw, dec = _load(results, "bandwidth.json"), _load(results, "decode.json")
     vc, sp = _load(results, "verify_curve.json"), _load(results, "speculative.json")
     dr, mem = _load(results, "drafters.json"), _load(results, "memory.json")
@@ -204,7 +211,7 @@ def build(results: Path, img: str = "docs/img") -> str:
                 "mapped page-cache pages runs at about 15 GB/s against 26 GB/s for process memory.")
     lines = [f"Measured {m['date']} on {cpu}, {m['cores']} cores, Numba {m['numba']}"
              + (f", kernel paths: K-quants {kp['kquants']}, legacy {kp['legacy']}" if kp else "")
-             + f", with the commands of [docs/reproduce.md](docs/reproduce.md); {llama}. The machine is "
+             + f", with the commands of [docs/reproduce.md]({links}reproduce.md); {llama}. The machine is "
              "shared: absolute figures move by up to 2x with the neighbours' load, ratios measured "
              "side by side far less." + load]
     date = m["date"]
@@ -248,34 +255,65 @@ def build(results: Path, img: str = "docs/img") -> str:
         lines += ["", f"**Memory**{_when(mem, date)}: both Qwen models with a {mem['ctx_size']}-token context peak at "
                       f"{mem['peak_rss_bytes'] / 2**20:.0f} MiB resident, "
                       f"{mem['ratio_to_files_plus_kv']:.2f}x the GGUF files plus KV caches "
-                      "(the weights are memory-mapped, never copied)."]
+                      + ("(the weights memory-mapped)." if mapped else "(the weights read into memory).")]
     plots = [p for p in PLOTS if (results / p).exists()]
     if plots:
         lines += [""] + [f"![{p[:-4]}]({img}/{p})" for p in plots]
     return "\n".join(lines)
 
 
+def summary(results: Path, anchor: str) -> str:
+    """The README's table for one CPU: decode.json's table, where it comes from, and a link."""
+    dec, bw = _load(results, "decode.json"), _load(results, "bandwidth.json")
+    if dec is None:
+        raise SystemExit(f"{results}: no decode.json (run benchmarks/decode.py first)")
+    m = dec["machine"]
+    cpu = m["cpu"] + (f" ({m['cpu_microarchitecture']})" if m.get("cpu_microarchitecture") else "")
+    rel = results.resolve().relative_to(ROOT) if results.resolve().is_relative_to(ROOT) else results
+    return "\n".join([f"Decoding one model, specdec beside llama.cpp built natively in the same run "
+                      f"({m['date']}, {cpu}, {m['cores']} cores; `benchmarks/decode.py`, best of 3, "
+                      f"{rel}/decode.json; every other table: [docs/speed.md](docs/speed.md#{anchor})):",
+                      ""] + decode_table(dec, bw))
+
+
+def _replace(path: Path, name: str | None, kind: str, block: str) -> None:
+    begin, end = (f"<!-- {kind} -->", f"<!-- /{kind} -->") if name is None else \
+        (f"<!-- {kind}:{name} -->", f"<!-- /{kind}:{name} -->")
+    text = path.read_text(encoding="utf-8")
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < i:
+        raise SystemExit(f"{path}: no {begin} ... {end} block")
+    path.write_text(text[:i + len(begin)] + "\n" + block + "\n" + text[j:], encoding="utf-8")
+    print(f"{path}: {kind} block rewritten")
+
+
+def _anchor(doc: Path, name: str | None) -> str:
+    """The GitHub anchor of the heading above the block in docs/speed.md."""
+    text = doc.read_text(encoding="utf-8")
+    marker = "<!-- speed-table -->" if name is None else f"<!-- speed-table:{name} -->"
+    head = [ln for ln in text[:max(text.find(marker), 0)].splitlines() if ln.startswith("#")]
+    title = head[-1].lstrip("#").strip().lower() if head else ""
+    return "".join(c for c in title.replace(" ", "-") if c.isalnum() or c in "-_")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(ROOT / "bench-results"))
+    ap.add_argument("--doc", default=str(ROOT / "docs" / "speed.md"))
     ap.add_argument("--readme", default=str(ROOT / "README.md"))
-    ap.add_argument("--block", default=None, help="the named block (one per CPU) instead of the first")
+    ap.add_argument("--block", default=None, help="the named blocks (one per CPU) instead of the first")
+    ap.add_argument("--summary-only", action="store_true", help="the README's table only")
     a = ap.parse_args(argv)
-    results, readme = Path(a.results), Path(a.readme)
-    begin, end = (BEGIN, END) if a.block is None else (f"<!-- speed-table:{a.block} -->",
-                                                       f"<!-- /speed-table:{a.block} -->")
-    img = "docs/img" if a.block is None else f"docs/img/{a.block}"
-    text = readme.read_text(encoding="utf-8")
-    i, j = text.find(begin), text.find(end)
-    if i < 0 or j < i:
-        raise SystemExit(f"{readme}: no {begin} ... {end} block")
-    block = build(results, img)
-    (ROOT / img).mkdir(parents=True, exist_ok=True)
-    for p in PLOTS:
-        if (results / p).exists():
-            shutil.copyfile(results / p, ROOT / img / p)
-    readme.write_text(text[:i + len(begin)] + "\n" + block + "\n" + text[j:], encoding="utf-8")
-    print(f"{readme}: speed section rewritten from {results}")
+    results, doc = Path(a.results), Path(a.doc)
+    img = "img" if a.block is None else f"img/{a.block}"
+    if not a.summary_only:
+        block = build(results, img)
+        (doc.parent / img).mkdir(parents=True, exist_ok=True)
+        for p in PLOTS:
+            if (results / p).exists():
+                shutil.copyfile(results / p, doc.parent / img / p)
+        _replace(doc, a.block, "speed-table", block)
+    _replace(Path(a.readme), a.block, SUMMARY, summary(results, _anchor(doc, a.block)))
 
 
 if __name__ == "__main__":
