@@ -51,6 +51,7 @@ class Qwen35Spec:
     n_expert_used: int = 2
     d_ff_exp: int = 0              # expert_feed_forward_length (0: d_ff)
     d_ff_shexp: int = 0            # expert_shared_feed_forward_length (0: d_ff)
+    extra_tensors: tuple = ()      # names of extra float32 vectors of d_model values
 
 
 def write_qwen35_model(path: str | Path, spec: Qwen35Spec = Qwen35Spec()) -> Path:
@@ -171,6 +172,8 @@ def write_qwen35_model(path: str | Path, spec: Qwen35Spec = Qwen35Spec()) -> Pat
         vec(p + "nextn.hnorm.weight", D)
         if spec.nextn_head_norm:
             vec(p + "nextn.shared_head_norm.weight", D)
+    for name in spec.extra_tensors:
+        vec(name, D)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -200,6 +200,9 @@ def test_trees_and_unknown_tensors_are_refused(q35, tmp_path):
     s.eval(TOKENS[:3])
     with pytest.raises(UnsupportedModelError, match="tree"):
         s.eval_tree([1, 2], [-1, 0])
+    for name in ("blk.0.ssm_d.weight", "blk.4.nextn.pre_projection.weight"):
+        with pytest.raises(UnsupportedModelError, match=name.replace(".", "[.]")):
+            q35(Qwen35Spec(seed=3, nextn=True, extra_tensors=(name,)))
     import gguf
     path = write_qwen35_model(tmp_path / "x.gguf", Qwen35Spec(seed=3))
     r = gguf.GGUFReader(path)
