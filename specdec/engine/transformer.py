@@ -294,6 +294,8 @@ class ModelSession(Session):
         self.last_experts: tuple[int, ...] = ()   # MoE: distinct experts per layer, last pass
         self.keep_hidden = False                  # set: eval keeps its rows' hidden states ...
         self.last_hidden: np.ndarray | None = None  # ... (M, D), rms(x)·output_norm (forward's hidden)
+        self.hidden_rows: np.ndarray | None = None  # (n_ctx, D) them by position: valid for
+        self.hidden_from = n_ctx                    # hidden_from <= t < n_past (engine/mtp_session.py reads them)
         self.n_logits = cfg.n_vocab if n_logits is None else int(n_logits)
         if not 1 <= self.n_logits <= cfg.n_vocab:
             raise ConfigError(f"--draft-vocab must be in 1..{cfg.n_vocab}, got {n_logits}")
@@ -321,8 +323,20 @@ class ModelSession(Session):
             self.cfg, self.weights, self.cache, tokens, start, last_only, self._head, stats, hidden)))
         self._keep(stats)
         self.last_hidden = np.concatenate(hidden[self.cache]) if hidden else None
+        self._keep_rows(start)
         _check_finite([self], [start], [logits])
         return logits
+
+    def _keep_rows(self, start: int) -> None:
+        """The last pass's hidden rows into hidden_rows at their positions (keep_hidden); a pass
+        not kept forgets them all."""
+        if self.last_hidden is None:
+            self.hidden_from = self.n_ctx
+            return
+        if self.hidden_rows is None:
+            self.hidden_rows = np.zeros((self.n_ctx, self.cfg.d_model), np.float32)
+        self.hidden_rows[start:start + len(self.last_hidden)] = self.last_hidden
+        self.hidden_from = min(self.hidden_from, start)
 
     def _stats(self) -> list | None:
         return [] if self.cfg.is_moe else None
@@ -419,6 +433,8 @@ def eval_batch(sessions, token_lists, last_only: bool | Sequence[bool] = False) 
         hidden))
     for s in sessions:
         s.last_hidden = np.concatenate(hidden[s.cache]) if hidden and s.cache in hidden else None
+    for s, start in zip(sessions, starts):
+        s._keep_rows(start)
     for s in sessions:                  # the batch's pass: the experts all its rows woke
         s._keep(stats)
     out = [s0._trim(lg) for lg in out]

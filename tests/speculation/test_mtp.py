@@ -14,6 +14,7 @@ import pytest
 import specdec
 from specdec.api.drafting import DraftPlan
 from specdec.api.request import DraftOptions
+from specdec.engine.transformer import eval_batch
 from specdec.errors import ConfigError
 from specdec.generation.sampling import NumpyRandom, SamplerParams
 from specdec.speculation.drafters import HybridDrafter, ModelDrafter, MTPDrafter, make_drafter
@@ -175,3 +176,25 @@ def test_the_defaults_draft_with_the_mtp_head(q35):
     assert_greedy_identical(m, [CONTEXT, [5] * 9], 20, draft=options, ignore_eos=True)
     out = m.generate(CONTEXT, 30, temperature=0.0, draft=options, ignore_eos=True)
     assert out.stats.plan.startswith("plan: ") and set(out.stats.by_drafter) <= {"prompt-lookup", "mtp"}
+
+
+def test_hidden_rows_are_kept_by_position_alone_and_batched(q35):
+    """The target keeps each pass's hidden rows at their positions (what the head reads), the
+    same bits alone and in a batch with another session; a truncation keeps what stays."""
+    m, _ = q35(_spec())
+    solo = m.session(64)
+    solo.keep_hidden = True
+    solo.eval(CONTEXT + [5, 6, 7])
+    want = solo.last_hidden
+    a, b = m.session(64), m.session(64)
+    a.keep_hidden = b.keep_hidden = True
+    eval_batch([a, b], [CONTEXT, [1, 2, 3]], last_only=[True, False])
+    a.truncate(len(CONTEXT) - 2)
+    a.eval(CONTEXT[-2:])
+    eval_batch([b, a], [[4], [5, 6, 7]])
+    n = len(CONTEXT) + 3
+    assert a.hidden_from == 0 and a.n_past == n
+    assert np.array_equal(a.hidden_rows[:n], want)
+    plain = m.session(64)
+    plain.eval(CONTEXT)
+    assert plain.hidden_rows is None and plain.last_hidden is None
