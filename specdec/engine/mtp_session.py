@@ -142,6 +142,7 @@ class MTPModel:
 
     def __init__(self, target):
         self.target, self.path, self.config = target, target.path, target.config
+        self.name = f"{getattr(target, 'name', target.path)} (its MTP head)"
         self.requant = getattr(target, "requant", None)
 
     def session(self, n_ctx: int, n_logits: int | None = None) -> MTPSession:

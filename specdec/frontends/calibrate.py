@@ -3,7 +3,8 @@ drafting plan reads (speculation/calibration.py), and print the table.
 
 The target and the draft are loaded as `specdec run` loads them with the same flags (the
 defaults' requantized draft and draft vocabulary included), so the table is the one its
-requests read.  Measuring again replaces whatever the cache held.
+requests read; without a draft, a target with an MTP head has the head's step measured too
+(the draft the defaults then use).  Measuring again replaces whatever the cache held.
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from ..errors import ConfigError
 
 def cmd_calibrate(a, draft_options: Callable, load_models: Callable, progress: Callable) -> int:
     """draft_options(a), load_models(a), progress(text): the CLI's (cli.py), as `run` uses them."""
+    from ..engine.mtp_session import MTPModel
     from ..speculation import calibration
+    from ..speculation.drafters import has_mtp
     if not calibration.enabled():
         raise ConfigError(f"calibration is off here ({calibration.ENV}=0 or {calibration.OVERRIDE} set): "
                           "unset them to measure")
@@ -27,6 +30,9 @@ def cmd_calibrate(a, draft_options: Callable, load_models: Callable, progress: C
     rows = {"target": (target, calibration.costs(target, fresh=True))}
     if draft is not None:
         rows["draft"] = (draft, calibration.costs(draft, n_logits=options.draft_vocab(draft), fresh=True))
+    elif has_mtp(target):                               # the target's own MTP head drafts (api/drafting.py)
+        head = MTPModel(target)
+        rows["mtp"] = (head, calibration.costs(head, n_logits=options.draft_vocab(target), fresh=True, variant="mtp"))
     if a.json:
         json.dump({role: {"model": m.name, "row_ms": c.row_s * 1e3, "prompt_tok_ms": c.prefill_tok_s * 1e3,
                           "table": list(c.table), "file": str(calibration.cache_path(m.path, c.key))}
