@@ -198,3 +198,25 @@ def test_hidden_rows_are_kept_by_position_alone_and_batched(q35):
     plain = m.session(64)
     plain.eval(CONTEXT)
     assert plain.hidden_rows is None and plain.last_hidden is None
+
+
+def test_conversation_turns_equal_fresh_requests(q35):
+    """A conversation keeps the target's rows, its hidden rows and the head's cache across
+    turns (n_keep > 0: the drafter is not reset); each turn equals a fresh request."""
+    template = ("{% for m in messages %}{{ m['role'][0] | upper }}{{ m['content'] }}{% endfor %}"
+                "{% if add_generation_prompt %}A{% endif %}")
+    m, _ = q35(_spec(n_vocab=52, seed=9, chat_template=template, logit_scale=3.0))
+    for kw in (dict(draft="mtp", draft_n=3), {}):
+        conv = specdec.Conversation(m, system="be", **kw)
+        for text in ("hello", "again", "more"):
+            before = list(conv.messages)
+            got = conv.say(text, n_predict=10)
+            want = m.generate(m.chat_prompt([*before, {"role": "user", "content": text}]), 10)
+            assert got.ids == want.ids
+
+
+def test_qwen35moe_head_drafts_exactly(q35):
+    """A qwen35moe file's MTP block (experts in its FFN): greedy speculative == plain."""
+    m, _ = q35(_spec(n_expert=8, n_expert_used=3, d_ff_exp=64))
+    assert m.config.arch == "qwen35moe" and m.weights.mtp is not None
+    assert_greedy_identical(m, [CONTEXT, [4] * 8], 16, draft="mtp", draft_n=3, ignore_eos=True)
