@@ -63,7 +63,8 @@ def linear_step(target: Session, drafter: Drafter, ctx: Sequence[int], n_max: in
                 guard: Unconstrained) -> Generator[Eval, np.ndarray, StepResult]:
     """One step of Leviathan et al. 2023, Algorithm 1: draft, one target pass, accept or
     resample, roll back.  On entry the target cache holds ctx but its last token."""
-    # 1. draft x_1..x_n ~ q (n <= n_max), q_i the law x_i was drawn from (one-hot: a copy)
+    # 1. draft x_1..x_n ~ q (n <= n_max), q_i the law x_i was drawn from (one-hot for a copy,
+    #    e.g. prompt lookup: x_i is then a function of the context)
     draft = drafter.propose(ctx, n_max, rng) if n_max > 0 else Draft.empty(target.n_vocab)
     if len(draft.tokens) > n_max:
         raise ValueError(f"drafter proposed {len(draft.tokens)} tokens, at most {n_max} were asked for")
