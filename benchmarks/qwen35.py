@@ -108,6 +108,8 @@ def llamacpp(path: Path, pp: int, n_tg: int, ms, n_past: int, repeats: int) -> d
         if ids:
             llm.eval(ids)
     restart(prompt_ids(8))
+    llm.eval([9])
+    llm.eval(prompt_ids(3))                                      # warm every pass kind (graphs)
     pp_best, tg_best = 0.0, 0.0
     for _ in range(repeats):
         restart([])
