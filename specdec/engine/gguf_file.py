@@ -1,6 +1,7 @@
-"""GGUF reader over a memory map: metadata parsed once, tensors as zero-copy views.
+"""GGUF reader: metadata parsed once, tensors as views of the file, mapped or read into memory.
 
-With ``mmap=False`` the file is read once into process memory instead (llama.cpp's
+With ``mmap=True`` the tensors are zero-copy views of a memory map of the file; with
+``mmap=False`` the file is read once into process memory (llama.cpp's
 ``--no-mmap``; memory advised for transparent huge pages) and the tensors are views of that
 copy: weights stay quantized either way.  ``mmap=None`` (what `specdec.load` passes by
 default) reads the file when it takes at most half of the available memory (`should_map`).
