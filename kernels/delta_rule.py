@@ -76,8 +76,8 @@ def gated_delta_rule(s0, s, q, k, v, g, beta, out):
 
         S <- exp(g) S;   d = beta (v - S k);   S <- S + d kᵀ;   out = (S q) / sqrt(Dk)
 
-    s0: (Hv, Dv, Dk) the state before the pass (read only); s: (Hv, Dv, Dk), written: the
-    state after the last row; q, k: (M, Hk, Dk) L2-normed; v: (M, Hv, Dv); g (log decay),
+    s0: (Hv, Dv, Dk) the state before the pass; s: (Hv, Dv, Dk), written: the state after
+    the last row (s may be s0: in place); q, k: (M, Hk, Dk) L2-normed; v: (M, Hv, Dv); g (log decay),
     beta: (M, Hv); out: (M, Hv, Dv).  S[j] (row j: value component j) is ggml's row j of
     its transposed state; float32 throughout, dot products by `_dot`."""
     M, Hk, Dk = q.shape

@@ -53,7 +53,8 @@ def load_deltanet(gf, shape: RecurrentShape, d_model: int, p: str, lin, vec, f32
 
 def deltanet(L: DeltaNet, shape: RecurrentShape, ir: int, h: np.ndarray, states, rows, eps: float) -> np.ndarray:
     """Recurrent layer ir on the normed input h (M, D) -> (M, D); item i's rows h[rows[i]]
-    advance states[i] (a RecurrentState whose pass has begun) and are logged there."""
+    advance states[i] (a RecurrentState whose pass has begun) and are logged there, from its
+    log row row0 on."""
     M = h.shape[0]
     Hk, Hv, S = shape.n_k_heads, shape.n_v_heads, shape.d_state
     qkv = L.wqkv(h)                                                              # (M, C)
@@ -64,7 +65,7 @@ def deltanet(L: DeltaNet, shape: RecurrentShape, ir: int, h: np.ndarray, states,
     conv = np.empty_like(qkv)                                                    # (M, C)
     o = np.empty((M, Hv, S), np.float32)                                         # (M, Hv, S)
     for st, r in zip(states, rows):
-        log = st.log
+        log, at = st.log, slice(st.row0, st.row0 + r.stop - r.start)        # its rows in the log
         causal_conv_silu(st.conv[ir], qkv[r], L.conv, conv[r])
         K = shape.conv_kernel
         st.conv[ir] = np.concatenate([st.conv[ir], qkv[r]])[-(K - 1):]          # (K-1, C)
@@ -74,9 +75,9 @@ def deltanet(L: DeltaNet, shape: RecurrentShape, ir: int, h: np.ndarray, states,
         v = np.ascontiguousarray(c[:, 2 * Hk * S:]).reshape(-1, Hv, S)
         l2_norm_heads(q, eps)
         l2_norm_heads(k, eps)
-        log.conv_in[ir], log.q[ir], log.k[ir], log.v[ir] = qkv[r], q, k, v
-        log.g[ir], log.beta[ir] = g[r], beta[r]
-        gated_delta_rule(st.base[ir], st.ssm[st.cur, ir], q, k, v, g[r], beta[r], o[r])
+        log.conv_in[ir, at], log.q[ir, at], log.k[ir, at], log.v[ir, at] = qkv[r], q, k, v
+        log.g[ir, at], log.beta[ir, at] = g[r], beta[r]
+        gated_delta_rule(st.cur[ir], st.cur[ir], q, k, v, g[r], beta[r], o[r])          # in place
     rms_norm_heads(o, L.norm, eps)
     y = o.reshape(M, Hv * S)
     mul_silu(y, z)

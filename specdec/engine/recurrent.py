@@ -3,21 +3,22 @@ and how it is rolled back.
 
 A recurrent layer keeps two states per sequence: the conv state (the last K-1 inputs of its
 causal conv1d) and the delta-rule state S (Hv, Dv, Dk).  Neither can be truncated like a KV
-cache, so each pass keeps what rolling it back needs, at a cost of a few rows:
+cache, so the state keeps what rolling it back needs, a few KB per row:
 
-- the delta-rule states live in two buffers: a pass reads the state before it from one
-  (`base`) and writes the running state into the other (`cur`), so `base` is the state at the
-  pass's start, untouched;
-- the pass logs its rows' conv inputs and the delta rule's inputs (q, k, v, g, beta), and
-  keeps the conv state before it.
+- `base`: the delta-rule and conv states at position `start`, a copy that passes do not touch;
+- the log of the rows since: each row's conv inputs and its delta-rule inputs (q, k, v,
+  decay, beta), over the last passes (at most WINDOW rows; past that, the base state moves
+  forward by folding in the oldest rows, keeping the last KEEP rows before the new pass);
+- `cur`: the state after the last row, which each pass advances in place.
 
-Truncating to a position inside the last pass replays its first rows from `base` with the
-same kernel (kernels/delta_rule.py runs rows in order, the same operations as one-row passes):
-the state is bitwise the one that one-row steps up to that position give.  Truncating to
-before the last pass cannot be undone that way: `stale` is set and the next pass first
-re-evaluates the kept positions' tokens (`ids`, recorded here) from position 0 (forward's
-`rebuild`), which gives the same bits, since every row's computation is independent of how
-the positions were split into passes.
+Truncating to a position n >= start replays the log's first n - start rows from `base` with
+the same kernels (kernels/delta_rule.py runs rows in order, the operations of one-row passes
+whatever the split into passes): the state is bitwise the one that one-row steps up to that
+position give.  Truncating to before `start` cannot be undone that way: `stale` is set and
+the next pass first re-evaluates the kept positions' tokens (`ids`, recorded here) from
+position 0 (transformer._rebuild): the same bits, at a prompt's cost.  A pass that did not
+finish (an exception between its layers) leaves the state `dirty`: the next truncate or pass
+first replays up to where it began.
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ import numpy as np
 from ..kernels.delta_rule import gated_delta_rule
 from .kv_cache import KVCache
 from .resources import check_fits
+
+WINDOW = 48     # rows logged before the base state moves forward
+KEEP = 16       # rows the log keeps behind a new pass when it does
 
 
 @dataclass(frozen=True)
@@ -42,82 +46,114 @@ class RecurrentShape:
 
     @property
     def state_bytes(self) -> int:
-        """Bytes of both delta-rule buffers and the conv state (one sequence)."""
-        return 4 * self.n_layer * (2 * self.n_v_heads * self.d_state ** 2 + (self.conv_kernel - 1) * self.channels)
+        """Bytes of the current and base states (one sequence), without the log."""
+        return 4 * self.n_layer * 2 * (self.n_v_heads * self.d_state ** 2 + (self.conv_kernel - 1) * self.channels)
 
 
-class PassLog:
-    """The last pass's inputs per recurrent layer, enough to replay any prefix of its rows."""
+class RowLog:
+    """Logged rows per recurrent layer: the conv inputs (R, cap, C) and the delta rule's
+    inputs q, k (R, cap, Hk, S), v (R, cap, Hv, S), g, beta (R, cap, Hv); rows 0..m-1 hold."""
 
-    def __init__(self, shape: RecurrentShape, start: int, m: int):
+    def __init__(self, shape: RecurrentShape, cap: int):
         R, C, Hk, Hv, S = shape.n_layer, shape.channels, shape.n_k_heads, shape.n_v_heads, shape.d_state
-        self.start, self.m = start, m              # positions start..start+m-1
-        self.conv_in = np.empty((R, m, C), np.float32)           # the conv's inputs (qkv rows)
-        self.q = np.empty((R, m, Hk, S), np.float32)
-        self.k = np.empty((R, m, Hk, S), np.float32)
-        self.v = np.empty((R, m, Hv, S), np.float32)
-        self.g = np.empty((R, m, Hv), np.float32)
-        self.beta = np.empty((R, m, Hv), np.float32)
+        self.cap, self.m = cap, 0
+        self.conv_in = np.empty((R, cap, C), np.float32)
+        self.q = np.empty((R, cap, Hk, S), np.float32)
+        self.k = np.empty((R, cap, Hk, S), np.float32)
+        self.v = np.empty((R, cap, Hv, S), np.float32)
+        self.g = np.empty((R, cap, Hv), np.float32)
+        self.beta = np.empty((R, cap, Hv), np.float32)
+
+    FIELDS = ("conv_in", "q", "k", "v", "g", "beta")
+
+    def grown(self, shape: RecurrentShape, cap: int) -> "RowLog":
+        """A log of capacity cap holding this one's rows."""
+        new = RowLog(shape, cap)
+        for f in self.FIELDS:
+            getattr(new, f)[:, :self.m] = getattr(self, f)[:, :self.m]
+        new.m = self.m
+        return new
+
+    def drop(self, d: int) -> None:
+        """Forget the first d rows (the rest move to the front)."""
+        for f in self.FIELDS:
+            a = getattr(self, f)
+            a[:, :self.m - d] = a[:, d:self.m].copy()
+        self.m -= d
 
 
 class RecurrentState:
-    """conv: (R, K-1, C) float32, the current conv states; ssm: (2, R, Hv, S, S) float32, the
-    delta-rule buffers (`cur` indexes the current one).  Positions 0..n_past-1 are folded in."""
+    """conv: (R, K-1, C) and cur: (R, Hv, S, S) float32, the states after the last row;
+    conv0 and base: the states at position `start`; log: the rows since (RowLog)."""
 
     def __init__(self, shape: RecurrentShape, n_ctx: int):
         R, K, C, Hv, S = shape.n_layer, shape.conv_kernel, shape.channels, shape.n_v_heads, shape.d_state
         self.shape = shape
         self.conv = np.zeros((R, K - 1, C), np.float32)
-        self.conv0 = np.zeros_like(self.conv)                    # conv states before the last pass
-        self.ssm = np.zeros((2, R, Hv, S, S), np.float32)
-        self.cur = 0
-        self.log: PassLog | None = None
+        self.conv0 = np.zeros_like(self.conv)
+        self.cur = np.zeros((R, Hv, S, S), np.float32)
+        self.base = np.zeros_like(self.cur)
+        self.start = 0                       # the position of base
+        self.log = RowLog(shape, WINDOW)
+        self.row0 = 0                        # the log row of the running pass's first row
+        self.dirty = False                   # a pass began and did not end
         self.ids = np.zeros(n_ctx, np.int64)                      # the token at each position
         self.stale = 0        # > 0: positions 0..stale-1 must be re-evaluated before the next pass
 
-    @property
-    def base(self) -> np.ndarray:
-        return self.ssm[1 - self.cur]
-
     def begin(self, start: int, tokens: np.ndarray) -> None:
-        """A pass of len(tokens) rows at positions start..: the current state becomes `base`."""
-        self.ids[start:start + len(tokens)] = tokens
-        self.conv0[...] = self.conv
-        self.cur = 1 - self.cur
-        self.log = PassLog(self.shape, start, len(tokens))
+        """A pass of len(tokens) rows at positions start.. (= the rows folded in so far)."""
+        if self.dirty:
+            self.replay(start - self.start)
+        m = len(tokens)
+        self.ids[start:start + m] = tokens
+        if self.log.m + m > WINDOW:
+            self.advance(self.log.m - min(KEEP, self.log.m))
+        if self.log.m + m > self.log.cap:
+            self.log = self.log.grown(self.shape, self.log.m + m)
+        self.row0 = self.log.m
+        self.log.m += m
+        self.dirty = True
+
+    def end(self) -> None:
+        self.dirty = False
 
     def reset(self) -> None:
-        self.conv[...] = 0
-        self.ssm[self.cur] = 0
-        self.log = None
-        self.stale = 0
+        for a in (self.conv, self.conv0, self.cur, self.base):
+            a[...] = 0
+        self.start, self.log.m, self.stale, self.dirty = 0, 0, 0, False
 
     def truncate(self, n: int, n_past: int) -> None:
-        """Keep positions 0..n-1 (n <= n_past): replay the last pass's first rows, or mark stale."""
-        if n == n_past:
-            return
-        log = self.log
+        """Keep positions 0..n-1 (n <= n_past): replay the log's first rows, or mark stale."""
         if n == 0:
             self.reset()
-        elif log is not None and log.start <= n < log.start + log.m:
-            self.replay(n - log.start)
-        else:
-            self.stale = n
+        elif n < self.start:
+            self.stale, self.dirty = n, False
+        elif n < n_past or self.dirty:
+            self.replay(n - self.start)
+
+    def _run(self, s: np.ndarray, conv: np.ndarray, lo: int, hi: int) -> None:
+        """Fold the log's rows lo..hi-1 into the states s (R, Hv, S, S) and conv, in place."""
+        if hi <= lo:
+            return
+        log, K = self.log, self.shape.conv_kernel
+        out = np.empty((hi - lo, self.shape.n_v_heads, self.shape.d_state), np.float32)
+        for i in range(self.shape.n_layer):
+            conv[i] = np.concatenate([conv[i], log.conv_in[i, lo:hi]])[-(K - 1):]
+            gated_delta_rule(s[i], s[i], log.q[i, lo:hi], log.k[i, lo:hi], log.v[i, lo:hi], log.g[i, lo:hi],
+                             log.beta[i, lo:hi], out)
 
     def replay(self, r: int) -> None:
-        """The state after the last pass's first r rows, from `base` (bitwise: see the module)."""
-        log, K = self.log, self.shape.conv_kernel
-        for i in range(self.shape.n_layer):
-            xin = np.concatenate([self.conv0[i], log.conv_in[i, :r]])             # (K-1+r, C)
-            self.conv[i] = xin[r:r + K - 1]
-        if r == 0:
-            self.ssm[self.cur] = self.base
-        else:
-            out = np.empty((r, self.shape.n_v_heads, self.shape.d_state), np.float32)
-            for i in range(self.shape.n_layer):
-                gated_delta_rule(self.base[i], self.ssm[self.cur, i], log.q[i, :r], log.k[i, :r],
-                                 log.v[i, :r], log.g[i, :r], log.beta[i, :r], out)
-        log.m = r
+        """cur and conv: the states after the log's first r rows, from base (see the module)."""
+        self.cur[...] = self.base
+        self.conv[...] = self.conv0
+        self._run(self.cur, self.conv, 0, r)
+        self.log.m, self.dirty = r, False
+
+    def advance(self, d: int) -> None:
+        """base and conv0 move d rows forward (the log's first d rows folded in, then dropped)."""
+        self._run(self.base, self.conv0, 0, d)
+        self.log.drop(d)
+        self.start += d
 
 
 class HybridCache(KVCache):
@@ -133,7 +169,7 @@ class HybridCache(KVCache):
 
     @property
     def nbytes(self) -> int:
-        return super().nbytes + self.rec.ssm.nbytes + self.rec.conv.nbytes
+        return super().nbytes + self.rec.shape.state_bytes
 
     def truncate(self, n: int) -> None:
         if not 0 <= n <= self.n_past:

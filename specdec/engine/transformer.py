@@ -184,6 +184,8 @@ def _forward(cfg: ModelConfig, w: Weights, items: list[Item], head: Linear | Non
             _layer(cfg, w, il, L, x, items, layout, rope_cs, stats)
     for it, t in zip(items, layout.toks):
         it.cache.n_past = it.start + len(t)
+        if cfg.is_hybrid:
+            it.cache.rec.end()
     return _logits(cfg, w, x, items, layout, head, hidden)
 
 

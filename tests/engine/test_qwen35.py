@@ -97,7 +97,7 @@ def test_mtp_block_follows_llamacpp_graph(q35):
 def _snapshot(s) -> tuple:
     """Everything a session's cache holds that later passes read."""
     c, n = s.cache, s.n_past
-    return (n, c.rec.conv.copy(), c.rec.ssm[c.rec.cur].copy(), c.keys()[:, :, :n].copy(), c.v[:, :, :n].copy())
+    return (n, c.rec.conv.copy(), c.rec.cur.copy(), c.keys()[:, :, :n].copy(), c.v[:, :, :n].copy())
 
 
 def _same(a: tuple, b: tuple) -> bool:
@@ -141,18 +141,47 @@ def test_a_wrong_rollback_is_caught(q35, monkeypatch):
     assert not _rollbacks_exact(m, TOKENS[:6], [11, 2, 40, 7])
 
 
-def test_truncating_before_the_last_pass_evaluates_again(q35):
+def test_truncating_passes_back_replays_and_before_the_log_evaluates_again(q35):
+    """Several one-row passes back (a draft model's cache after its draft): replayed from the
+    log; past the base state: re-evaluated from position 0.  Both bitwise."""
+    m = q35(Qwen35Spec(seed=5))
+    ids = (TOKENS * 8)[:recurrent.WINDOW + 20]
+    s = m.session(128)
+    s.eval(ids[:8])
+    for t in ids[8:]:                                 # one row at a time: the base moves on
+        s.eval([t])
+    rec = s.cache.rec
+    assert rec.start > 0 and s.n_past - rec.start >= recurrent.KEEP
+    for n in (s.n_past - 3, rec.start, rec.start - 1, 5):
+        s.truncate(n)
+        assert rec.stale == (n if n < rec.start else 0)
+        fresh = m.session(128)
+        fresh.eval(ids[:n])
+        assert np.array_equal(s.eval(ids[n:n + 2]), fresh.eval(ids[n:n + 2]))
+        assert _same(_snapshot(s), _snapshot(fresh))
+
+
+def test_a_pass_interrupted_between_layers_is_undone(q35, monkeypatch):
+    """KeyboardInterrupt in the middle of a pass: the next pass starts from the state before it."""
+    import specdec.engine.qwen35 as qwen35_mod
     m = q35(Qwen35Spec(seed=5))
     s = m.session(64)
-    s.eval(TOKENS[:8])
-    for t in TOKENS[8:11]:
-        s.eval([t])
-    s.truncate(5)                                     # inside the first pass: stale
-    assert s.cache.rec.stale == 5
-    got = s.eval(TOKENS[5:9])
+    s.eval(TOKENS[:6])
+    real, calls = qwen35_mod.deltanet, [0]
+
+    def bomb(*a):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise KeyboardInterrupt
+        return real(*a)
+    monkeypatch.setattr(qwen35_mod, "deltanet", bomb)
+    with pytest.raises(KeyboardInterrupt):
+        s.eval(TOKENS[6:9])
+    monkeypatch.undo()
+    assert s.n_past == 6
     fresh = m.session(64)
-    want = fresh.eval(TOKENS[:9])[5:]
-    assert np.array_equal(got, want) and _same(_snapshot(s), _snapshot(fresh))
+    fresh.eval(TOKENS[:6])
+    assert np.array_equal(s.eval(TOKENS[6:10]), fresh.eval(TOKENS[6:10]))
 
 
 def test_rows_and_batches_are_independent(q35):
