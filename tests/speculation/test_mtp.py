@@ -27,7 +27,9 @@ from mtp_graph import RULES, mtp_draft_logits
 CONTEXT = [3, 17, 4, 40, 22, 9, 9, 31, 0, 45]
 SOFT = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 REF_BOUND = 1e-4        # |log q - log q_ref| against the float64 restatement (F32: ~2e-6 measured)
-LLAMA_BOUND = {"f32": 5e-3, "q8_0": 5e-2}   # against llama.cpp's MTP (F32: ~6e-4, its trunk's share)
+# against llama.cpp's own MTP, ~4-7x the gaps measured (F32 7e-4, the trunk's share; Q8_0 0.056:
+# both round the matmul inputs to Q8_0, the house's Q8_0 logit bound, agreement/test_reference_synthetic.py)
+LLAMA_BOUND = {"f32": 5e-3, "q8_0": 0.25}
 
 
 @pytest.fixture(scope="module")
