@@ -67,7 +67,7 @@ class RowLog:
     FIELDS = ("conv_in", "q", "k", "v", "g", "beta")
 
     def grown(self, shape: RecurrentShape, cap: int) -> "RowLog":
-        """A log of capacity cap holding this one's rows."""
+        """A log of capacity cap (>= m) holding this one's rows."""
         new = RowLog(shape, cap)
         for f in self.FIELDS:
             getattr(new, f)[:, :self.m] = getattr(self, f)[:, :self.m]
@@ -108,8 +108,9 @@ class RecurrentState:
         self.ids[start:start + m] = tokens
         if self.log.m + m > WINDOW:
             self.advance(self.log.m - min(KEEP, self.log.m))
-        if self.log.m + m > self.log.cap:
-            self.log = self.log.grown(self.shape, self.log.m + m)
+        need = max(WINDOW, self.log.m + m)
+        if need > self.log.cap or self.log.cap > 2 * need:          # (a long prompt's pass: back to
+            self.log = self.log.grown(self.shape, need)             # WINDOW rows after it)
         self.row0 = self.log.m
         self.log.m += m
         self.dirty = True

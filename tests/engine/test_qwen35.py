@@ -197,6 +197,10 @@ def test_rows_and_batches_are_independent(q35):
         assert np.array_equal(a, b)
     for s, p in zip(sessions, prompts):           # and the next step from each state
         assert np.array_equal(s.eval([1]), (lambda o: (o.eval(p), o.eval([1]))[1])(m.session(64)))
+    long = (TOKENS * 12)[:150]                     # more than UBATCH rows: passes of 128, then 22
+    a, b = m.session(200), m.session(200)
+    assert np.array_equal(a.eval(long), np.concatenate([b.eval(long[:100]), b.eval(long[100:])]))
+    assert _same(_snapshot(a), _snapshot(b))
 
 
 @pytest.mark.parametrize("draft", ["model", "prompt-lookup"])
