@@ -145,7 +145,8 @@ class DraftPlan:
         free = ("suffix",) if drafter.store is not None else ("prompt-lookup",)
         inp = PlanInput(prompt_len, n_predict, greedy, seeded, model=True,
                         free=free + (("prediction",) if predicted else ()),
-                        alpha_model=None if seeded else self.ledger(greedy).alpha("model", MODEL_ALPHA[greedy]))
+                        alpha_model=None if seeded else self.ledger(greedy).alpha("model", MODEL_ALPHA[greedy]),
+                        model_name="MTP head" if self._mtp else "draft model")
         self.choice = c = choose(inp, self.costs(), AUTO_N_MAX)
         if not c.model and not seeded:
             self.ledger(greedy).fade("model")

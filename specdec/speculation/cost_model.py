@@ -115,6 +115,7 @@ class PlanInput:
     model: bool                           # a draft model is on offer
     free: tuple[str, ...] = ()            # free drafters on offer (FREE names)
     alpha_model: float | None = None      # the draft model's acceptance so far (None: MODEL_ALPHA)
+    model_name: str = "draft model"       # what the reasons call it ("MTP head": the target's own)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def choose(inp: PlanInput, costs: Costs, n_max: int = 8) -> Choice:
     free = tuple(f for f in FREE if f in inp.free)
     if free:
         tps.append(("+".join(free), plain_tps))           # never slower: nothing spent on a miss
-    window, why = None, "no draft model"
+    window, why = None, f"no {inp.model_name}"
     if inp.model and costs.draft is not None:
         alpha = MODEL_ALPHA[inp.greedy] if inp.alpha_model is None else inp.alpha_model
         r, n = model_rate(costs, alpha, n_max)
@@ -175,7 +176,7 @@ def choose(inp: PlanInput, costs: Costs, n_max: int = 8) -> Choice:
         saved = max(n_new - WAIT_TOKENS, 0) * per_saved
         per_tok = max(costs.draft.prefill_tok_s, 1e-12)
         w = int(min(WINDOW_SHARE * saved / per_tok, WINDOW_MAX, max(inp.prompt_len, 1)))
-        how = (f"draft model {r:.2f}x per step at n {n}, alpha {alpha:.2f}"
+        how = (f"{inp.model_name} {r:.2f}x per step at n {n}, alpha {alpha:.2f}"
                f"{' prior' if inp.alpha_model is None else ' so far'} "
                f"(c {costs.c:.2f}, 9 rows {t.rel(9):.2f}x one, {'measured' if t.measured else 'prior'})")
         # ski rental: the model waits until the saving forgone equals its window's prompt pass,
@@ -222,7 +223,9 @@ class PlannedLength(AdaptiveLength):
 
     @staticmethod
     def kind(key: str | None) -> str:
-        return "model" if key in (None, "model") else str(key).split("/")[0]
+        """The cost and acceptance kind of a step's key: 'model' for the model drafter's
+        (None, 'model', and 'mtp': the target's MTP head is the draft model of its requests)."""
+        return "model" if key in (None, "model", "mtp") else str(key).split("/")[0]
 
     def _choose(self) -> int:
         key = self._next_key if self._next_key is not None else self._last_key

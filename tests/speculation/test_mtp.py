@@ -16,6 +16,7 @@ from specdec.api.drafting import DraftPlan
 from specdec.api.request import DraftOptions
 from specdec.engine.transformer import eval_batch
 from specdec.errors import ConfigError
+from specdec.speculation.cost_model import PlannedLength
 from specdec.generation.sampling import NumpyRandom, SamplerParams
 from specdec.speculation.drafters import HybridDrafter, ModelDrafter, MTPDrafter, make_drafter
 from specdec.testing import assert_greedy_identical, assert_same_law
@@ -178,6 +179,8 @@ def test_the_defaults_draft_with_the_mtp_head(q35):
     assert_greedy_identical(m, [CONTEXT, [5] * 9], 20, draft=options, ignore_eos=True)
     out = m.generate(CONTEXT, 30, temperature=0.0, draft=options, ignore_eos=True)
     assert out.stats.plan.startswith("plan: ") and set(out.stats.by_drafter) <= {"prompt-lookup", "mtp"}
+    assert "MTP head" in out.stats.plan                          # the reasons name the head
+    assert PlannedLength.kind("mtp") == "model"                  # its steps priced at its own cost
 
 
 def test_hidden_rows_are_kept_by_position_alone_and_batched(q35):
