@@ -144,7 +144,10 @@ class DraftOptions:
         """These options on this target Model: with no drafter, draft model or kind given, a
         target with a multi-token-prediction head (a Qwen3.5 MTP GGUF's nextn tensors) drafts
         with it (`mtp`: 'hybrid' under the defaults, lookup else the MTP head; 'mtp' once a
-        length setting is given)."""
+        length setting is given).  --draft mtp on a target without one: ConfigError."""
+        if self.kind == "mtp" and not has_mtp(target):
+            raise ConfigError(f"--draft mtp: {getattr(target, 'name', 'the model')} has no nextn (MTP) tensors "
+                              f"(a Qwen3.5 MTP GGUF has them)")
         if self.kind is None and self.model is None and self.drafter is None and has_mtp(target):
             return replace(self, mtp=True)
         return self

@@ -162,6 +162,8 @@ def test_refused_without_nextn(q35):
     m, _ = q35(_spec(nextn=False))
     with pytest.raises(ConfigError, match="nextn"):
         make_drafter("mtp", m, SOFT, n_ctx=64)
+    with pytest.raises(ConfigError, match="--draft mtp"):
+        DraftOptions(kind="mtp").with_target(m)                  # the CLI and server, at start-up
 
 
 def test_the_defaults_draft_with_the_mtp_head(q35):
