@@ -15,27 +15,6 @@ import math
 import numpy as np
 from numba import njit, prange
 
-LANES = 8       # independent partial sums of a dot product (vectorizable, fixed order)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _dot(a, b):
-    """sum a[i] b[i] in float32: LANES partial sums over i = l (mod LANES), added in lane
-    order (the same order for any caller, so the same bits)."""
-    n = a.shape[0]
-    acc = np.zeros(LANES, dtype=np.float32)
-    top = n - n % LANES
-    for i0 in range(0, top, LANES):
-        for lane in range(LANES):
-            acc[lane] += a[i0 + lane] * b[i0 + lane]
-    for i in range(top, n):
-        acc[i % LANES] += a[i] * b[i]
-    s = np.float32(0.0)
-    for lane in range(LANES):
-        s += acc[lane]
-    return s
-
-
 @njit(cache=True, nogil=True, parallel=True)
 def causal_conv_silu(state0, x, w, out):
     """out[m, c] = silu(sum_j w[c, j] xin[m + j, c]), xin = [state0; x] (ggml_ssm_conv then
@@ -72,33 +51,47 @@ def l2_norm_heads(x, eps):
 @njit(cache=True, nogil=True, parallel=True)
 def gated_delta_rule(s0, s, q, k, v, g, beta, out):
     """The gated delta rule over M rows, per value head h (key head h % Hk, as ggml's
-    gated_delta_net op reads a repeated q/k):
+    gated_delta_net op reads a repeated q/k), on the state T = Sᵀ (T[i, j]: key component
+    i, value component j):
 
-        S <- exp(g) S;   d = beta (v - S k);   S <- S + d kᵀ;   out = (S q) / sqrt(Dk)
+        T <- exp(g) T;   d = beta (v - kᵀ T);   T <- T + k dᵀ;   out = (qᵀ T) / sqrt(Dk)
 
-    s0: (Hv, Dv, Dk) the state before the pass; s: (Hv, Dv, Dk), written: the state after
-    the last row (s may be s0: in place); q, k: (M, Hk, Dk) L2-normed; v: (M, Hv, Dv); g (log decay),
-    beta: (M, Hv); out: (M, Hv, Dv).  S[j] (row j: value component j) is ggml's row j of
-    its transposed state; float32 throughout, dot products by `_dot`."""
+    s0: (Hv, Dk, Dv) the state before the pass; s: (Hv, Dk, Dv), written: the state after
+    the last row (s may be s0: in place); q, k: (M, Hk, Dk) L2-normed; v: (M, Hv, Dv);
+    g (log decay), beta: (M, Hv); out: (M, Hv, Dv).  float32; every sum over i runs in i
+    order (the loops over j vectorize without reassociating anything), the state in two
+    passes per row: decay and kᵀT, then the update and qᵀT."""
     M, Hk, Dk = q.shape
-    Hv, Dv = s.shape[0], s.shape[1]
+    Hv, Dv = s.shape[0], s.shape[2]
     scale = np.float32(1.0 / math.sqrt(Dk))
     for h in prange(Hv):
-        S = s[h]
-        S[:, :] = s0[h]
+        T = s[h]
+        T[:, :] = s0[h]
         kh = h % Hk
+        acc = np.empty(Dv, np.float32)                       # (Dv,) kᵀT, then qᵀT
+        d = np.empty(Dv, np.float32)                         # (Dv,) the delta
         for m in range(M):
             decay = np.exp(g[m, h])
             b = beta[m, h]
             km, qm = k[m, kh], q[m, kh]
+            acc[:] = 0
+            for i in range(Dk):
+                row, ki = T[i], km[i]
+                for j in range(Dv):
+                    r = row[j] * decay
+                    row[j] = r
+                    acc[j] += r * ki
             for j in range(Dv):
-                row = S[j]
-                for i in range(Dk):
-                    row[i] *= decay
-                d = (v[m, h, j] - _dot(row, km)) * b
-                for i in range(Dk):
-                    row[i] += km[i] * d
-                out[m, h, j] = _dot(row, qm) * scale
+                d[j] = (v[m, h, j] - acc[j]) * b
+            acc[:] = 0
+            for i in range(Dk):
+                row, ki, qi = T[i], km[i], qm[i]
+                for j in range(Dv):
+                    r = row[j] + ki * d[j]
+                    row[j] = r
+                    acc[j] += r * qi
+            for j in range(Dv):
+                out[m, h, j] = acc[j] * scale
 
 
 @njit(cache=True, nogil=True)

@@ -397,17 +397,17 @@ def causal_conv_silu(state0: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.nda
 
 def gated_delta_rule(s0: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                      beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """In float64, row by row, value head h with key head h % Hk:
-    S = e^g S;  S += beta (v - S k) kᵀ;  out = S q / sqrt(Dk).   s0: (Hv, Dv, Dk); q, k:
+    """In float64, row by row, value head h with key head h % Hk, on T = Sᵀ (key x value):
+    T = e^g T;  T += k (beta (v - kᵀ T))ᵀ;  out = qᵀ T / sqrt(Dk).   s0: (Hv, Dk, Dv); q, k:
     (M, Hk, Dk); v: (M, Hv, Dv); g, beta: (M, Hv) -> (out (M, Hv, Dv), the final state)."""
-    S = s0.astype(np.float64).copy()
+    T = s0.astype(np.float64).copy()
     M, Hk, Dk = q.shape
-    Hv = S.shape[0]
-    out = np.empty((M, Hv, S.shape[1]))
+    Hv = T.shape[0]
+    out = np.empty((M, Hv, T.shape[2]))
     for m in range(M):
         for h in range(Hv):
             kk, qq = k[m, h % Hk].astype(np.float64), q[m, h % Hk].astype(np.float64)
-            S[h] *= math.exp(g[m, h])
-            S[h] += np.outer(beta[m, h] * (v[m, h] - S[h] @ kk), kk)
-            out[m, h] = S[h] @ qq / math.sqrt(Dk)
-    return out, S
+            T[h] *= math.exp(g[m, h])
+            T[h] += np.outer(kk, beta[m, h] * (v[m, h] - kk @ T[h]))
+            out[m, h] = qq @ T[h] / math.sqrt(Dk)
+    return out, T

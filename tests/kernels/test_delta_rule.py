@@ -25,7 +25,7 @@ def _inputs(rng, m=M, hk=HK, hv=HV, s=S):
     return s0, q, k, v, g, beta
 
 
-@pytest.mark.parametrize("s", [16, 13])          # a whole number of LANES and a tail
+@pytest.mark.parametrize("s", [16, 13])          # a vector width and not
 def test_delta_rule_matches_its_reference(s):
     rng = np.random.default_rng(0)
     s0, q, k, v, g, beta = _inputs(rng, s=s)
