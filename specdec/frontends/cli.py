@@ -346,7 +346,7 @@ def cmd_chat(a) -> int:
 
 
 def serve_helpers() -> dict:
-    """What serve/cli.py's build needs from this module (the model loading and flag helpers),
+    """What serve/launch.py's build needs from this module (the model loading and flag helpers),
     passed in so that the serve package never imports the CLI."""
     return dict(load=_load, draft_options=_draft_options, set_threads=_set_threads, log=_progress,
                 quant=_quant)

@@ -13,7 +13,8 @@ library's (``ray``, Ray Serve's ``serve``) is left alone, as are GGUF metadata k
 (``llama.cpp's tests/...``).  ``x.name`` with ``x`` none of our modules but ``name`` a
 function or class of ours is a module that moved or went.  Paths resolve from the repository root (a markdown file's own
 folder too), with any suffix (``verify_curve.{json,png}``); ``kernels/reference.attention``
-is a path and a name in it.
+is a path and a name in it; a shorter path to a .py or .md file (``serve/launch.py``) must
+be the end of one of ours.
 
 A claim in backticks (```Weights.from_gguf```, ```chat.chat_prompt(...)```) or in a diagram (a
 fence with no language) is checked further: ``Class.name`` with ``Class`` one of ours needs
@@ -37,6 +38,8 @@ DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "tests" / "README.m
 CODE = [p for d in ("specdec", "kernels", "benchmarks", "tests", "docs") for p in sorted((ROOT / d).rglob("*.py"))]
 TOP = ("specdec", "kernels", "tests", "benchmarks", "docs", "examples", ".ci")
 PATH = re.compile(r"(?<![\w./~$-])((?:%s)/[\w./*-]*[\w*/])" % "|".join(re.escape(t) for t in TOP))
+# a shorter path to a file of ours (``serve/launch.py``): some file of the repository ends with it
+PARTIAL = re.compile(r"(?<![\w./~$-])((?:[A-Za-z_][\w-]*/)+[\w-]+\.(?:py|md))\b")
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 DOTTED = re.compile(r"(?<![\w./-])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?![\w/-]|\.\w)")
 GGUF_KEY = re.compile(r"^(tokenizer\.(ggml|chat_template)|general)\b")
@@ -197,6 +200,12 @@ def claim_problem(ref: str) -> str | None:
     return None
 
 
+@lru_cache(maxsize=None)
+def repository_files() -> frozenset[str]:
+    return frozenset(p.relative_to(ROOT).as_posix() for d in TOP if (ROOT / d).is_dir()
+                     for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".md"))
+
+
 def path_exists(ref: str, folders: list[Path]) -> bool:
     """A file or folder (any suffix; * globs), or kernels/reference.attention: a name in a module."""
     for base in folders:
@@ -250,6 +259,12 @@ def problems(path: Path, line: int, text: str) -> list[str]:
             continue
         if not path_exists(ref, folders):
             out.append(f"{where(m)}: no {ref}")
+    for m in PARTIAL.finditer(text):
+        ref = m.group(1)
+        if ref.split("/")[0] in TOP or text[max(0, m.start() - 3):m.start()] == "'s ":
+            continue
+        if not any(f.endswith("/" + ref) for f in repository_files()):
+            out.append(f"{where(m)}: no {ref} (no file of ours ends so)")
     if path.suffix == ".md":
         for m in LINK.finditer(text):
             ref = m.group(1)
@@ -296,8 +311,10 @@ def test_the_check_sees_what_goes_stale():
             "llama.cpp's tests/test-tokenizer-0", "tokenizer.ggml.pre", "serve.deployment", "np.float32",
             "kernels/reference.attention", "benchmarks/results/intel/verify_curve.{json,png}", "tests/README.md"]
     bad += ["`chat.chat_prompt`", "`Model.no_such_method`", "```\nprompt ──chat.chat_prompt──▶ text\n```",
-            "`Weights.load`", "``sampling.nothing_here()``", "`specdec.no_such_function`", "speculation.plan"]
+            "`Weights.load`", "``sampling.nothing_here()``", "`specdec.no_such_function`", "speculation.plan",
+            "`serve/cli.py`"]
     good += ["`Model.chat_prompt`", "`Weights.from_gguf`", "`session.eval`", "`chat.completion.chunk`",
-             "`ModelConfig.from_gguf`", "`SpecStats.n_steps`", "```\nModelSession.eval(ids)\n```"]
+             "`ModelConfig.from_gguf`", "`SpecStats.n_steps`", "serve/launch.py", "llama.cpp's src/x.py",
+             "```\nModelSession.eval(ids)\n```"]
     assert [b for b in bad if not problems(md, 1, b)] == []
     assert [p for g in good for p in problems(md, 1, g)] == []

@@ -5,7 +5,7 @@ Ray Serve deployment (`pip install 'specdec[ray]'`).
 
 Each replica is one Ray actor process with its own models, -np slots and -t threads (its
 `ray_actor_options` num_cpus): a thread of its own loads and warms the models and then steps
-the scheduler (serve/cli.py `build`, the code `specdec serve` runs; numba's OpenMP team stays
+the scheduler (serve/launch.py `build`, the code `specdec serve` runs; numba's OpenMP team stays
 that thread's, as in `specdec serve`'s main thread).  Ray's HTTP proxy at --host/--port routes
 each request to a replica with a free slot: a replica takes at most -np requests at once
 (`max_ongoing_requests`), the others wait in Ray's router (at most --queue-size per proxy;
@@ -177,7 +177,7 @@ def sum_metrics(texts: list[str]) -> dict[tuple, float]:
 
 def bind(a, helpers: dict):
     """The Ray Serve application of the serve flags `a` (serve.run it): `deployment_options(a)`
-    over Replica.  helpers: serve/cli.py build's (specdec.frontends.cli.serve_helpers())."""
+    over Replica.  helpers: serve/launch.py build's (specdec.frontends.cli.serve_helpers())."""
     _, serve = require_ray()
     a = copy.copy(a)
     a.threads = a.threads or os.cpu_count() or 1       # a replica's threads are its num_cpus
