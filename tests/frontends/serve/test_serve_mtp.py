@@ -1,5 +1,6 @@
-"""`specdec serve` on a qwen35 target with its MTP head and no -md: the defaults and the
-per-request `draft` "mtp" / "hybrid" draft with the head; a greedy answer is the plain one,
+"""`specdec serve` on a qwen35 target with its MTP head and no -md: the server's drafting (a
+length given: the head alone, 4 tokens per step) and the per-request `draft` "mtp" / "hybrid"
+draft with the head; a greedy answer is the plain one,
 alone and beside concurrent requests (batched passes, each slot's own head cache and hidden
 rows); the token extension names the head as the steps' source."""
 from __future__ import annotations
@@ -18,7 +19,7 @@ SPEC = Qwen35Spec(n_vocab=64, seed=5, n_ctx=256, logit_scale=3.0, nextn=True)
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("serve-mtp")
     target = write_qwen35_model(d / "target.gguf", SPEC)
-    s = Server(["-m", str(target), "-np", "4", "-c", "256"], d / "server.log")
+    s = Server(["-m", str(target), "-np", "4", "-c", "256", "--draft-n", "4", "--draft-p", "0"], d / "server.log")
     yield s
     s.stop()
 
@@ -36,9 +37,8 @@ def test_greedy_identical_alone_and_with_concurrent_others(server, draft):
     plain = complete(server, "abcabcabcdd", 20, draft="none")["choices"][0]["text"]
     alone = complete(server, "abcabcabcdd", 20, **extra, specdec={"tokens": True})
     assert alone["choices"][0]["text"] == plain
-    if draft == "mtp":
-        sources = {st["source"] for st in alone["specdec"]["steps"]}
-        assert "mtp" in sources and sources <= {"mtp", "none"}       # none: a step the policy left plain
+    sources = {st["source"] for st in alone["specdec"]["steps"]}
+    assert "mtp" in sources and sources <= {"mtp", "prompt-lookup", "none"}     # none: the last step, capped at 0
     others = [("xyzxyz" * (1 + i % 3), 4 + 3 * i, ["none", "mtp", "hybrid"][i % 3], 0.0 if i % 2 else 0.8)
               for i in range(3)]
     with ThreadPoolExecutor(4) as ex:
