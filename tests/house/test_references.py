@@ -14,7 +14,7 @@ library's (``ray``, Ray Serve's ``serve``) is left alone, as are GGUF metadata k
 function or class of ours is a module that moved or went.  Paths resolve from the repository root (a markdown file's own
 folder too), with any suffix (``verify_curve.{json,png}``); ``kernels/reference.attention``
 is a path and a name in it; a shorter path to a .py or .md file (``serve/launch.py``) must
-be the end of one of ours.
+be the end of one of ours, and a file name alone in backticks the name of one.
 
 A claim in backticks (```Weights.from_gguf```, ```chat.chat_prompt(...)```) or in a diagram (a
 fence with no language) is checked further: ``Class.name`` with ``Class`` one of ours needs
@@ -40,6 +40,7 @@ TOP = ("specdec", "kernels", "tests", "benchmarks", "docs", "examples", ".ci")
 PATH = re.compile(r"(?<![\w./~$-])((?:%s)/[\w./*-]*[\w*/])" % "|".join(re.escape(t) for t in TOP))
 # a shorter path to a file of ours (``serve/launch.py``): some file of the repository ends with it
 PARTIAL = re.compile(r"(?<![\w./~$-])((?:[A-Za-z_][\w-]*/)+[\w-]+\.(?:py|md))\b")
+BARE = re.compile(r"`([\w-]+\.(?:py|md))`")                      # `draft_caps.py`: a file of ours of that name
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 DOTTED = re.compile(r"(?<![\w./-])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?![\w/-]|\.\w)")
 GGUF_KEY = re.compile(r"^(tokenizer\.(ggml|chat_template)|general)\b")
@@ -265,6 +266,9 @@ def problems(path: Path, line: int, text: str) -> list[str]:
             continue
         if not any(f.endswith("/" + ref) for f in repository_files()):
             out.append(f"{where(m)}: no {ref} (no file of ours ends so)")
+    for m in BARE.finditer(text):
+        if not any(f.rpartition("/")[2] == m.group(1) for f in repository_files()):
+            out.append(f"{where(m)}: no {m.group(1)} (no file of ours has that name)")
     if path.suffix == ".md":
         for m in LINK.finditer(text):
             ref = m.group(1)
@@ -312,9 +316,9 @@ def test_the_check_sees_what_goes_stale():
             "kernels/reference.attention", "benchmarks/results/intel/verify_curve.{json,png}", "tests/README.md"]
     bad += ["`chat.chat_prompt`", "`Model.no_such_method`", "```\nprompt ──chat.chat_prompt──▶ text\n```",
             "`Weights.load`", "``sampling.nothing_here()``", "`specdec.no_such_function`", "speculation.plan",
-            "`serve/cli.py`"]
+            "`serve/cli.py`", "`plan.py`"]
     good += ["`Model.chat_prompt`", "`Weights.from_gguf`", "`session.eval`", "`chat.completion.chunk`",
              "`ModelConfig.from_gguf`", "`SpecStats.n_steps`", "serve/launch.py", "llama.cpp's src/x.py",
-             "```\nModelSession.eval(ids)\n```"]
+             "```\nModelSession.eval(ids)\n```", "`draft_caps.py`"]
     assert [b for b in bad if not problems(md, 1, b)] == []
     assert [p for g in good for p in problems(md, 1, g)] == []
