@@ -95,114 +95,128 @@ class Weights:
         if activations not in ("auto", "q8", "float"):
             raise ConfigError(f"activations must be 'auto', 'q8' or 'float', not {activations!r}")
         float_act = activations == "float" or (activations == "auto" and cfg.arch == "gemma3")
-        D, H, Hkv, Dh, F, V = cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_ff, cfg.n_vocab
-
-        seen: set[str] = set()                                  # every tensor the engine reads
-
-        def vec(name, n):
-            seen.add(name)
-            t = _info(gf, name, (n,))
-            if t.ggml_type != GGMLQuantizationType.F32:
-                raise UnsupportedModelError(f"{gf.path}: tensor {name!r} is {t.type_name}, expected F32")
-            return gf.tensor(name)
-
-        def opt_vec(name, n):
-            return vec(name, n) if name in gf.tensors else None
-
-        def lin(name, n_in, n_out, bias=False, float_act=False, table=False, head=False):
-            seen.add(name)
-            t = _info(gf, name, (n_in, n_out))
-            if t.ggml_type not in SUPPORTED_TYPES:
-                raise UnsupportedModelError(
-                    f"{gf.path}: tensor {name!r} has unsupported type {t.type_name}")
-            b = opt_vec(name.replace(".weight", ".bias"), n_out) if bias else None
-            key = name + ("#head" if table and head else "")     # a head of its own beside the table
-            if prepared is not None and key in prepared.extra:
-                qtype, w = prepared.extra[key]
-                if key == name:
-                    gf.release(name)                            # the file's bytes are not read again
-                return Linear(name, w, qtype, n_in, n_out, b, float_act)
-            if prepared is not None and prepared.image is not None and name in prepared.rewritten:
-                return Linear(name, gf.tensor(name), prepared.rewritten[name], n_in, n_out, b, float_act)
-            w, qtype = _prepare(gf, name, t.ggml_type, n_in, n_out, requant, float_act, table, head)
-            if qtype != t.ggml_type:
-                if np.shares_memory(w, gf.tensor(name)):
-                    if record is not None:
-                        record.rewritten[name] = qtype
-                else:
-                    if record is not None:
-                        record.extra[key] = (qtype, w)
-                    if key == name:
-                        gf.release(name)
-            return Linear(name, w, qtype, n_in, n_out, b, float_act)
-
-        def f32(name, dims):
-            seen.add(name)
-            t = _info(gf, name, dims)
-            if t.ggml_type != GGMLQuantizationType.F32:
-                raise UnsupportedModelError(f"{gf.path}: tensor {name!r} is {t.type_name}, expected F32")
-            return gf.tensor(name).reshape(dims[::-1])
-
-        layers = []
-        for i in range(cfg.n_layer):
-            p = f"blk.{i}."
-            if cfg.is_hybrid:
-                layers.append(_qwen35_layer(gf, cfg, p, cfg.recurrent[i], lin, vec, f32, float_act, seen))
-                continue
-            gemma, qk_norm = cfg.arch == "gemma3", cfg.arch in ("gemma3", "qwen3", "qwen3moe")
-            moe = load_moe(gf, cfg, p, lin, seen, float_act) if cfg.is_moe else None
-            dense = moe is None
-            fused_qkv, fused_ffn = p + "attn_qkv.weight" in gf.tensors, cfg.arch == "phi3"
-            biases = cfg.arch in ("llama", "mistral3")   # optional wo / ffn biases (llama.cpp's llama)
-            qkv = ((None,) * 3 if fused_qkv else
-                   tuple(lin(p + f"attn_{n}.weight", D, size, bias=True, float_act=float_act)
-                         for n, size in (("q", H * Dh), ("k", Hkv * Dh), ("v", Hkv * Dh))))
-            layers.append(Layer(
-                attn_norm=vec(p + "attn_norm.weight", D),
-                wq=qkv[0], wk=qkv[1], wv=qkv[2],
-                wo=lin(p + "attn_output.weight", H * Dh, D, bias=biases, float_act=float_act),
-                ffn_norm=vec(p + "ffn_norm.weight", D),
-                w_gate=lin(p + "ffn_gate.weight", D, F, bias=biases, float_act=float_act)
-                if dense and not fused_ffn else None,
-                w_up=lin(p + "ffn_up.weight", D, 2 * F if fused_ffn else F, bias=biases, float_act=float_act)
-                if dense else None,
-                w_down=lin(p + "ffn_down.weight", F, D, bias=biases, float_act=float_act) if dense else None,
-                q_norm=vec(p + "attn_q_norm.weight", Dh) if qk_norm else None,
-                k_norm=vec(p + "attn_k_norm.weight", Dh) if qk_norm else None,
-                post_attn_norm=vec(p + "post_attention_norm.weight", D) if gemma else None,
-                post_ffn_norm=vec(p + "post_ffw_norm.weight", D) if gemma else None,
-                wqkv=lin(p + "attn_qkv.weight", D, (H + 2 * Hkv) * Dh, bias=True, float_act=float_act)
-                if fused_qkv else None,
-                moe=moe,
-            ))
-        emb = lin("token_embd.weight", D, V, table=True)             # also read by row lookup
+        D, V = cfg.d_model, cfg.n_vocab
+        r = _Reader(gf, requant, prepared, record)
+        layers = tuple(_qwen35_layer(r, cfg, f"blk.{i}.", cfg.recurrent[i], float_act) if cfg.is_hybrid
+                       else _layer(r, cfg, f"blk.{i}.", float_act) for i in range(cfg.n_layer))
+        emb = r.lin("token_embd.weight", D, V, table=True)             # also read by row lookup
         if "output.weight" in gf.tensors:
-            output = lin("output.weight", D, V, head=True)
+            output = r.lin("output.weight", D, V, head=True)
         elif requant is not None and narrows(gf.tensors["token_embd.weight"].ggml_type, requant.head):
-            output = lin("token_embd.weight", D, V, table=True, head=True)  # its own copy
+            output = r.lin("token_embd.weight", D, V, table=True, head=True)  # its own copy
         else:
             output = emb
-        out_norm = vec("output_norm.weight", D)
-        rope_freqs = opt_vec("rope_freqs.weight", cfg.rope_dim // 2) if cfg.arch == "llama" else None
-        mtp = None
-        if cfg.n_nextn:
-            p = f"blk.{cfg.n_layer}."
-            table = (lin(p + "nextn.embed_tokens.weight", D, V, table=True)
-                     if p + "nextn.embed_tokens.weight" in gf.tensors else emb)
-            mtp = MTPHead(eh_proj=lin(p + "nextn.eh_proj.weight", 2 * D, D, float_act=float_act),
-                          enorm=vec(p + "nextn.enorm.weight", D), hnorm=vec(p + "nextn.hnorm.weight", D),
-                          layer=_qwen35_layer(gf, cfg, p, False, lin, vec, f32, float_act, seen),
-                          head_norm=opt_vec(p + "nextn.shared_head_norm.weight", D)
-                          if p + "nextn.shared_head_norm.weight" in gf.tensors else out_norm,
-                          head=lin(p + "nextn.shared_head_head.weight", D, V, head=True)
-                          if p + "nextn.shared_head_head.weight" in gf.tensors else output,
-                          embed=table.w, embed_type=table.qtype)
-        _refuse_unread(gf, seen)
-        return cls(emb.w, emb.qtype, tuple(layers), out_norm, output, rope_freqs, mtp)
+        out_norm = r.vec("output_norm.weight", D)
+        rope_freqs = r.opt_vec("rope_freqs.weight", cfg.rope_dim // 2) if cfg.arch == "llama" else None
+        mtp = _mtp_head(r, cfg, emb, output, out_norm, float_act) if cfg.n_nextn else None
+        _refuse_unread(gf, r.seen)
+        return cls(emb.w, emb.qtype, layers, out_norm, output, rope_freqs, mtp)
 
 
-def _qwen35_layer(gf: GGUFFile, cfg: ModelConfig, p: str, recurrent: bool, lin, vec, f32, float_act,
-                  seen: set[str]) -> Layer:
+class _Reader:
+    """Reads the file's tensors as the forward pass needs them, checking each one's shape and
+    type, and remembers every name read (`seen`: the rest is refused by name)."""
+
+    def __init__(self, gf: GGUFFile, requant: Requant | None, prepared: Prepared | None,
+                 record: Prepared | None):
+        self.gf, self.requant, self.prepared, self.record = gf, requant, prepared, record
+        self.seen: set[str] = set()
+
+    def vec(self, name: str, n: int) -> np.ndarray:                     # (n,) float32
+        return self.f32(name, (n,))
+
+    def opt_vec(self, name: str, n: int) -> np.ndarray | None:
+        return self.vec(name, n) if name in self.gf.tensors else None
+
+    def f32(self, name: str, dims: tuple[int, ...]) -> np.ndarray:     # dims reversed, row-major
+        self.seen.add(name)
+        t = _info(self.gf, name, dims)
+        if t.ggml_type != GGMLQuantizationType.F32:
+            raise UnsupportedModelError(f"{self.gf.path}: tensor {name!r} is {t.type_name}, expected F32")
+        return self.gf.tensor(name).reshape(dims[::-1])
+
+    def lin(self, name: str, n_in: int, n_out: int, bias: bool = False, float_act: bool = False,
+            table: bool = False, head: bool = False) -> Linear:
+        """A matmul weight (n_in) -> (n_out): an earlier load's prepared array, else the
+        file's rows as _prepare lays them out (recorded for the next load)."""
+        gf, prepared, record = self.gf, self.prepared, self.record
+        self.seen.add(name)
+        t = _info(gf, name, (n_in, n_out))
+        if t.ggml_type not in SUPPORTED_TYPES:
+            raise UnsupportedModelError(f"{gf.path}: tensor {name!r} has unsupported type {t.type_name}")
+        b = self.opt_vec(name.replace(".weight", ".bias"), n_out) if bias else None
+        key = name + ("#head" if table and head else "")     # a head of its own beside the table
+        if prepared is not None and key in prepared.extra:
+            qtype, w = prepared.extra[key]
+            if key == name:
+                gf.release(name)                            # the file's bytes are not read again
+            return Linear(name, w, qtype, n_in, n_out, b, float_act)
+        if prepared is not None and prepared.image is not None and name in prepared.rewritten:
+            return Linear(name, gf.tensor(name), prepared.rewritten[name], n_in, n_out, b, float_act)
+        w, qtype = _prepare(gf, name, t.ggml_type, n_in, n_out, self.requant, float_act, table, head)
+        if qtype != t.ggml_type:
+            if np.shares_memory(w, gf.tensor(name)):
+                if record is not None:
+                    record.rewritten[name] = qtype
+            else:
+                if record is not None:
+                    record.extra[key] = (qtype, w)
+                if key == name:
+                    gf.release(name)
+        return Linear(name, w, qtype, n_in, n_out, b, float_act)
+
+
+def _layer(r: _Reader, cfg: ModelConfig, p: str, float_act: bool) -> Layer:
+    """A transformer block ('blk.<i>.'): attention (separate or fused q/k/v), then a dense
+    FFN (gate and up, or phi3's fused gate|up) or experts, with each architecture's norms."""
+    D, H, Hkv, Dh, F = cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_ff
+    gemma, qk_norm = cfg.arch == "gemma3", cfg.arch in ("gemma3", "qwen3", "qwen3moe")
+    moe = load_moe(r.gf, cfg, p, r.lin, r.seen, float_act) if cfg.is_moe else None
+    dense = moe is None
+    fused_qkv, fused_ffn = p + "attn_qkv.weight" in r.gf.tensors, cfg.arch == "phi3"
+    biases = cfg.arch in ("llama", "mistral3")   # optional wo / ffn biases (llama.cpp's llama)
+
+    def mm(name, n_in, n_out, bias=biases):
+        return r.lin(p + name + ".weight", n_in, n_out, bias=bias, float_act=float_act)
+    qkv = ((None,) * 3 if fused_qkv else
+           tuple(mm(f"attn_{n}", D, size, bias=True) for n, size in (("q", H * Dh), ("k", Hkv * Dh),
+                                                                       ("v", Hkv * Dh))))
+    return Layer(
+        attn_norm=r.vec(p + "attn_norm.weight", D),
+        wq=qkv[0], wk=qkv[1], wv=qkv[2],
+        wo=mm("attn_output", H * Dh, D),
+        ffn_norm=r.vec(p + "ffn_norm.weight", D),
+        w_gate=mm("ffn_gate", D, F) if dense and not fused_ffn else None,
+        w_up=mm("ffn_up", D, 2 * F if fused_ffn else F) if dense else None,
+        w_down=mm("ffn_down", F, D) if dense else None,
+        q_norm=r.vec(p + "attn_q_norm.weight", Dh) if qk_norm else None,
+        k_norm=r.vec(p + "attn_k_norm.weight", Dh) if qk_norm else None,
+        post_attn_norm=r.vec(p + "post_attention_norm.weight", D) if gemma else None,
+        post_ffn_norm=r.vec(p + "post_ffw_norm.weight", D) if gemma else None,
+        wqkv=mm("attn_qkv", D, (H + 2 * Hkv) * Dh, bias=True) if fused_qkv else None,
+        moe=moe,
+    )
+
+
+def _mtp_head(r: _Reader, cfg: ModelConfig, emb: Linear, output: Linear, out_norm: np.ndarray,
+              float_act: bool) -> MTPHead:
+    """qwen35's nextn block ('blk.<n_layer>.nextn.*', engine/qwen35.py): its own embedding
+    table, head norm and head where the file has them, else the target's."""
+    D, V, p = cfg.d_model, cfg.n_vocab, f"blk.{cfg.n_layer}."
+    has = r.gf.tensors.__contains__
+    table = r.lin(p + "nextn.embed_tokens.weight", D, V, table=True) if has(p + "nextn.embed_tokens.weight") \
+        else emb
+    return MTPHead(eh_proj=r.lin(p + "nextn.eh_proj.weight", 2 * D, D, float_act=float_act),
+                   enorm=r.vec(p + "nextn.enorm.weight", D), hnorm=r.vec(p + "nextn.hnorm.weight", D),
+                   layer=_qwen35_layer(r, cfg, p, False, float_act),
+                   head_norm=r.vec(p + "nextn.shared_head_norm.weight", D)
+                   if has(p + "nextn.shared_head_norm.weight") else out_norm,
+                   head=r.lin(p + "nextn.shared_head_head.weight", D, V, head=True)
+                   if has(p + "nextn.shared_head_head.weight") else output,
+                   embed=table.w, embed_type=table.qtype)
+
+
+def _qwen35_layer(r: _Reader, cfg: ModelConfig, p: str, recurrent: bool, float_act: bool) -> Layer:
     """A qwen35 block (engine/qwen35.py): a Gated DeltaNet layer or gated attention (attn_q
     of 2 H Dh rows: each head's query, then its gate; q/k norms), then post_attention_norm
     (kept as ffn_norm: the FFN's input norm) and a SwiGLU FFN, or (qwen35moe) the experts and
@@ -210,11 +224,11 @@ def _qwen35_layer(gf: GGUFFile, cfg: ModelConfig, p: str, recurrent: bool, lin, 
     D, H, Hkv, Dh, F = cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.d_head, cfg.d_ff
 
     def mm(name, n_in, n_out):
-        return lin(p + name + ".weight", n_in, n_out, float_act=float_act)
-    attn = not recurrent
+        return r.lin(p + name + ".weight", n_in, n_out, float_act=float_act)
+    attn, vec = not recurrent, r.vec
     moe, shared = None, None
     if cfg.is_moe:
-        moe = load_moe(gf, cfg, p, lin, seen, float_act)
+        moe = load_moe(r.gf, cfg, p, r.lin, r.seen, float_act)
         Fs = cfg.d_ff_shexp
         gate_inp = vec(p + "ffn_gate_inp_shexp.weight", D)                   # (D,): one logit per row
         shared = SharedExpert(gate=mm("ffn_gate_shexp", D, Fs), up=mm("ffn_up_shexp", D, Fs),
@@ -231,8 +245,8 @@ def _qwen35_layer(gf: GGUFFile, cfg: ModelConfig, p: str, recurrent: bool, lin, 
         w_down=None if moe else mm("ffn_down", F, D), moe=moe, shared=shared,
         q_norm=vec(p + "attn_q_norm.weight", Dh) if attn else None,
         k_norm=vec(p + "attn_k_norm.weight", Dh) if attn else None,
-        deltanet=load_deltanet(gf, shape_of(cfg), D, p, lambda n, k, m: lin(n, k, m, float_act=float_act),
-                               vec, f32) if recurrent else None)
+        deltanet=load_deltanet(r.gf, shape_of(cfg), D, p, lambda n, k, m: r.lin(n, k, m, float_act=float_act),
+                               vec, r.f32) if recurrent else None)
 
 
 def _prepare(gf: GGUFFile, name: str, stored: int, n_in: int, n_out: int, requant: Requant | None,
