@@ -63,43 +63,8 @@ def write_qwen35_model(path: str | Path, spec: Qwen35Spec = Qwen35Spec()) -> Pat
     conv_dim = 2 * Hk * S + Hv * S
     a = "qwen35moe" if spec.n_expert else "qwen35"
     w = gguf.GGUFWriter(str(path), a)
-    w.add_block_count(spec.n_layer + (1 if spec.nextn else 0))
-    w.add_context_length(spec.n_ctx)
-    w.add_embedding_length(D)
-    w.add_feed_forward_length(F)
-    w.add_head_count(H)
-    w.add_head_count_kv(Hkv)
-    w.add_key_length(Dh)
-    w.add_value_length(Dh)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000000.0)
-    w.add_uint32(f"{a}.rope.dimension_count", spec.rope_dim)
-    w.add_array(f"{a}.rope.dimension_sections", list(spec.rope_sections))
-    w.add_uint32(f"{a}.ssm.conv_kernel", spec.conv_kernel)
-    w.add_uint32(f"{a}.ssm.inner_size", Hv * S)
-    w.add_uint32(f"{a}.ssm.state_size", S)
-    w.add_uint32(f"{a}.ssm.time_step_rank", Hv)
-    w.add_uint32(f"{a}.ssm.group_count", Hk)
-    w.add_uint32(f"{a}.full_attention_interval", spec.interval)
+    _write_metadata(w, spec, a)
     E, Fe, Fs = spec.n_expert, spec.d_ff_exp or F, spec.d_ff_shexp or F
-    if E:
-        w.add_expert_count(E)
-        w.add_expert_used_count(spec.n_expert_used)
-        w.add_expert_feed_forward_length(Fe)
-        w.add_uint32(f"{a}.expert_shared_feed_forward_length", Fs)
-    if spec.nextn:
-        w.add_uint32(f"{a}.nextn_predict_layers", 1)
-    meta = tokenizer_metadata(TinySpec(n_vocab=V, merges=spec.merges))
-    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
-    w.add_token_list(meta["tokenizer.ggml.tokens"])
-    w.add_token_types(meta["tokenizer.ggml.token_type"])
-    w.add_token_merges(meta["tokenizer.ggml.merges"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(V - 1)
-    w.add_add_bos_token(False)
-    if spec.chat_template is not None:
-        w.add_chat_template(spec.chat_template)
 
     def mat(name, n_out, n_in, std, qtype=None, n_stack=0):
         """(N, K) weights of qtype (spec.qtype), or n_stack of them as one (E, N, K) tensor."""
@@ -179,3 +144,47 @@ def write_qwen35_model(path: str | Path, spec: Qwen35Spec = Qwen35Spec()) -> Pat
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _write_metadata(w: gguf.GGUFWriter, spec: Qwen35Spec, a: str) -> None:
+    """The file's keys: the hyper-parameters (`a`: the architecture's prefix), the recurrent
+    layers' shape, the experts and the MTP block where the spec has them, the tokenizer."""
+    D, H, Hkv, Dh, F, V = spec.d_model, spec.n_head, spec.n_head_kv, spec.d_head, spec.d_ff, spec.n_vocab
+    Hk, Hv, S = spec.n_k_heads, spec.n_v_heads, spec.d_state
+    w.add_block_count(spec.n_layer + (1 if spec.nextn else 0))
+    w.add_context_length(spec.n_ctx)
+    w.add_embedding_length(D)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_key_length(Dh)
+    w.add_value_length(Dh)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000000.0)
+    w.add_uint32(f"{a}.rope.dimension_count", spec.rope_dim)
+    w.add_array(f"{a}.rope.dimension_sections", list(spec.rope_sections))
+    w.add_uint32(f"{a}.ssm.conv_kernel", spec.conv_kernel)
+    w.add_uint32(f"{a}.ssm.inner_size", Hv * S)
+    w.add_uint32(f"{a}.ssm.state_size", S)
+    w.add_uint32(f"{a}.ssm.time_step_rank", Hv)
+    w.add_uint32(f"{a}.ssm.group_count", Hk)
+    w.add_uint32(f"{a}.full_attention_interval", spec.interval)
+    E, Fe, Fs = spec.n_expert, spec.d_ff_exp or F, spec.d_ff_shexp or F
+    if E:
+        w.add_expert_count(E)
+        w.add_expert_used_count(spec.n_expert_used)
+        w.add_expert_feed_forward_length(Fe)
+        w.add_uint32(f"{a}.expert_shared_feed_forward_length", Fs)
+    if spec.nextn:
+        w.add_uint32(f"{a}.nextn_predict_layers", 1)
+    meta = tokenizer_metadata(TinySpec(n_vocab=V, merges=spec.merges))
+    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    w.add_token_merges(meta["tokenizer.ggml.merges"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(V - 1)
+    w.add_add_bos_token(False)
+    if spec.chat_template is not None:
+        w.add_chat_template(spec.chat_template)
