@@ -56,9 +56,19 @@ def models(tmp_path_factory):
     for name, rec in REF["models"].items():
         spec = Qwen35Spec(**{k: tuple(v) if isinstance(v, list) else v for k, v in rec["spec"].items()})
         path = write_qwen35_model(tmp / f"{name}.gguf", spec)
-        same = hashlib.sha256(path.read_bytes()).hexdigest() == rec["sha256"]
-        out[name] = specdec.load(path, n_ctx=128) if same else None
+        got = hashlib.sha256(path.read_bytes()).hexdigest()
+        out[name] = specdec.load(path, n_ctx=128) if got == rec["sha256"] else \
+            (f"{name}: the file written here differs from the one llama.cpp ran (SHA-256 {got} against "
+             f"{rec['sha256']}): run `python benchmarks/reference_qwen35.py` and commit the new refs")
     return out
+
+
+def _model(models, name):
+    """The loaded model, or a failure (never a skip) when its file is not the one llama.cpp ran."""
+    m = models[name]
+    if isinstance(m, str):
+        pytest.fail(m)
+    return m
 
 
 def _logprobs(x: np.ndarray) -> np.ndarray:
@@ -94,9 +104,7 @@ def _route_margins(m, ids, monkeypatch) -> np.ndarray:
 
 @pytest.mark.parametrize("name", sorted(REF["models"]))
 def test_logprobs_agree_with_llamacpp_at_every_position(models, name, monkeypatch):
-    m = models[name]
-    if m is None:
-        pytest.skip(f"{name}: the file written here differs from the one llama.cpp ran (writer or NumPy changed)")
+    m = _model(models, name)
     rec = REF["models"][name]
     clear = None
     if m.config.is_moe:
@@ -126,9 +134,7 @@ BROKEN = {"the gated norm's silu(z) dropped": (deltanet_mod, "mul_silu", lambda 
 @pytest.mark.parametrize("name", ["qwen35-f32", "qwen35-q8_0"])
 @pytest.mark.parametrize("rule", sorted(BROKEN))
 def test_a_rule_broken_lands_outside_the_bound(models, name, rule, monkeypatch):
-    m = models.get(name)
-    if m is None:
-        pytest.skip(f"{name}: the file written here differs from the one llama.cpp ran")
+    m = _model(models, name)
     module, attr, broken = BROKEN[rule]
     monkeypatch.setattr(module, attr, broken)
     assert _gap(m, REF["models"][name]) > 4 * LOGPROB_BOUND[_weights(name)], rule
