@@ -274,6 +274,20 @@ def dpbusd_chain(builder, vnni: bool, us, xs, u_max: int, scale=None):
     return join(builder, halves[0], halves[1])
 
 
+def fence(builder, values=(), memory: bool = True):
+    """An empty ``asm sideeffect`` (no instruction) that LLVM keeps in order with the others:
+    memory is not read or written across it, and each of ``values`` (vectors) passes through
+    it in a register and is returned, so their computation stays before it.  A kernel
+    fences each unit of a record so that its codes are decoded beside their products (LLVM
+    otherwise decodes a record's code vectors first, and schedules one activation row's
+    products after the next: spilled both ways).  memory=False: without the memory clobber,
+    an ordering hint the 512-bit kernels were tuned with (loads may still cross it)."""
+    void = ir.FunctionType(ir.VoidType(), [])
+    builder.call(ir.InlineAsm(void, "", "~{memory}" if memory else "", side_effect=True), [])
+    return [builder.call(ir.InlineAsm(ir.FunctionType(v.type, [v.type]), "", "=x,0", side_effect=True), [v])
+            for v in values]
+
+
 # ------------------------------------------------------------------- control flow
 
 def switch_static(builder, value, n_max: int, body, name: str) -> None:

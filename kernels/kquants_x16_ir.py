@@ -26,7 +26,7 @@ decode keeps shifts off it where it can, exactly: with VNNI, Q4_K's high nibbles
 ``vpdpbusd`` in place as 16·u (u8 ≤ 240, no saturation there), the low nibbles' units
 scaled by 16·sc, and 16·isum (|16·isum| ≤ 8·63·16·60960 < 2^31) shifted back; Q6_K's
 high bits of chunks 0 and 1 are looked up from the qh nibble by ``vpshufb`` (port 5).  Each
-unit's codes are decoded beside their products (_fence), not all 64 first and spilled.
+unit's codes are decoded beside their products (ir.fence), not all 64 first and spilled.
 
 M ≤ MAX_STATIC_M: one code path per M (``switch_static``), each code vector decoded once
 and used by all M rows.  Larger M: passes of PASS_M activation rows over the same
@@ -42,9 +42,9 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import drivers
+from . import drivers, kquants_x16_avx2
 from .formats import FORMATS, Q4_K, Q5_K, Q6_K, QK_K
-from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_bytes, dpbusd_chain, fma_v16f32,
+from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_bytes, dpbusd_chain, fence, fma_v16f32,
                  have_avx2, have_f16c, have_vnni512, join, load_bytes, prefetch, shuffle,
                  splat, splat_v16f32, rows_by_m, vector_type)
 
@@ -59,7 +59,7 @@ PREFETCH_SPREAD = True  # ... a few lines before each unit (not all 37-53 at onc
 PREFETCH_LOCALITY = 1   # ... into L2 (prefetcht2; into L1, the output head streamed 1.5x slower)
 SIXTEEN_HIGH = True     # VNNI, Q4_K: the high nibbles as 16·u (no shift; module docstring)
 Q6_LOOKUP = True        # VNNI, Q6_K: chunks 0, 1's high bits by vpshufb (port 5), not shifts (port 0)
-AVX2_SCALED = not have_vnni512() and have_avx2()    # AVX2, Q4_K / Q5_K: scales in vpmaddwd, no vpmulld
+AVX2_PATH = not have_vnni512() and have_avx2()      # no AVX-512: kquants_x16_avx2's 256-bit code instead
 
 V16I8, V16I16, V32I16 = vector_type(I8, 16), vector_type(I16, 16), vector_type(I16, 32)
 U_MAX = {Q4_K: 15, Q5_K: 31, Q6_K: 63}
@@ -107,13 +107,6 @@ def _pshufb(builder, table, idx):
     fn = builder.module.declare_intrinsic("llvm.x86.avx512.pshuf.b.512",
                                           fnty=ir.FunctionType(V64I8, [V64I8, V64I8]))
     return builder.bitcast(builder.call(fn, [table, builder.bitcast(idx, V64I8)]), V16I32)
-
-
-def _fence(builder) -> None:
-    """An empty ``asm sideeffect``: no instruction, but loads are not moved across it, so the
-    next unit's codes are decoded after this one's products (LLVM otherwise decodes all 64
-    code vectors first and spills them)."""
-    builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "", "", side_effect=True), [])
 
 
 def _pairs(builder, lo, hi):
@@ -218,11 +211,9 @@ def _emit_record(builder, rec: _Record, vnni: bool, x: _Q8K, b, ms: list, accs: 
                  ahead: list) -> None:
     """accs[j] (alloca'd <16 x float>) += record rec against activation rows ms[j] of block b.
     x.bs: Q4_K, Q5_K int16 (nb, M, 8) per-32 bsums; Q6_K int32 (nb, M, 16) −32·bsum, where
-    each group's dot starts (so that sc·dot is sc·(dot − 32·bsum)).  AVX2, Q4_K and Q5_K,
-    two rows or more (AVX2_SCALED): each unit's scale rides in the vpmaddwd of its int16 pair
-    sums (ir.dpbusd_chain) instead of a vpmulld (one row: the vpmulld, measured faster)."""
+    each group's dot starts (so that sc·dot is sc·(dot − 32·bsum)).
+    """
     qt = rec.qtype
-    scaled = AVX2_SCALED and not vnni and qt != Q6_K and len(ms) > 1
     rows = [builder.add(builder.mul(b, x.M), m) for m in ms]            # (b, m) in x
     bases = [builder.gep(x.q, [builder.mul(r, I64(QK_K))], source_etype=I8) for r in rows]
 
@@ -238,13 +229,10 @@ def _emit_record(builder, rec: _Record, vnni: bool, x: _Q8K, b, ms: list, accs: 
             prefetch(builder, builder.gep(rec.p, [I64(at)], source_etype=I8), PREFETCH_LOCALITY)
         for j in range(len(ms)):
             xs = [bcast(bases[j], 4 * (16 * (w % 4) + w // 4), V64I8) for _, w in words]
-            if scaled:
-                prod = dpbusd_chain(builder, False, [u for u, _ in words], xs, U_MAX[qt], sc)
-            else:
-                start = bcast(bs[j], 4 * g, V16I32) if qt == Q6_K else None
-                prod = builder.mul(_dot(builder, vnni, [u for u, _ in words], xs, U_MAX[qt], start), sc)
+            start = bcast(bs[j], 4 * g, V16I32) if qt == Q6_K else None
+            prod = builder.mul(_dot(builder, vnni, [u for u, _ in words], xs, U_MAX[qt], start), sc)
             isums[j] = prod if isums[j] is None else builder.add(isums[j], prod)
-        _fence(builder)
+        fence(builder, memory=False)
     if rec.sixteen:                                     # 16·isum, exactly: back to isum
         isums = [builder.ashr(v, _vec_i32(4)) for v in isums]
     wts = rec.min_weights() if qt != Q6_K else []
@@ -299,6 +287,7 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
     tiles t of chunk c (_emit_chunk); vnni / f16c: the instruction path (default: the target's)."""
     vnni = have_vnni512() if vnni is None else vnni
     f16c = have_f16c() if f16c is None else f16c
+    emit = kquants_x16_avx2.emit_chunk if AVX2_PATH and not vnni else _emit_chunk
 
     def kernel(typingctx, w, xq, xd, xbs, out, c, n_chunks):
         sig = types.void(w, xq, xd, xbs, out, c, n_chunks)
@@ -310,7 +299,7 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
             nblk, M = cgutils.unpack_tuple(builder, xda.shape, 2)
             x = _Q8K(xqa.data, xda.data, builder.bitcast(xbsa.data, I8.as_pointer()), M, nblk)
             N = cgutils.unpack_tuple(builder, outa.shape, 2)[1]
-            _emit_chunk(builder, qtype, vnni, f16c, wa.data, x, outa.data, N, c_, nc)
+            emit(builder, qtype, vnni, f16c, wa.data, x, outa.data, N, c_, nc)
             return context.get_dummy_value()
         return sig, codegen
 
@@ -339,6 +328,7 @@ def _bsum_offsets(xbs):
     return xbs.astype(np.int32) * np.int32(-32)
 
 
-_SETUP = {Q4_K: "xbs = _bsum_pairs(xbs)", Q5_K: "xbs = _bsum_pairs(xbs)", Q6_K: "xbs = _bsum_offsets(xbs)"}
+_SETUP = kquants_x16_avx2.SETUP if AVX2_PATH else {
+    Q4_K: "xbs = _bsum_pairs(xbs)", Q5_K: "xbs = _bsum_pairs(xbs)", Q6_K: "xbs = _bsum_offsets(xbs)"}
 MATMUL_Q8K = {qt: drivers.chunked(globals(), f"matmul_{FORMATS[qt].key}", make_chunk_kernel(qt),
                                   "w, xq, xd, xbs, out", setup) for qt, setup in _SETUP.items()}

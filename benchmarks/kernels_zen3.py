@@ -1,0 +1,166 @@
+"""A deterministic model of the AVX2 kernels on AMD Zen 3, on any x86 host (no timing).
+
+Each AVX2 kernel's per-record code for a pass of M activation rows is emitted by the kernel
+modules' own IR emitters into a bare LLVM function (M a constant: LLVM keeps that one path),
+compiled by llvmlite for ``-mcpu=znver3`` with the AVX2 path's features (no AVX-512: every
+vector instruction VEX, 16 ymm registers), and measured three ways:
+
+    spills     ymm stores to the stack and stack reloads (folded or not) in the hot loop
+    cycles     llvm-mca -mcpu=znver3 cycles per iteration of the hot loop (its steady state)
+    bytes      weight bytes fetched from beyond L2 per pass (the loop order's re-reads)
+
+The hot loop of a K-quant kernel is the loop over super-block records (one record: 16
+weight rows × 256 values); a legacy-quant tile's is one 32-value block of 16 rows plus its
+loop over the activation rows (``cycles = outside + M · m-loop``).  ``ratio(M)`` =
+cycles(M) / cycles(1): what a pass of M rows costs against one row when the pass is bound
+by the core (a one-row pass is bound by memory, so the real ratio is at most this).
+
+Run it under the AVX2 path (the kernel modules pick their instruction path at import):
+
+    SPECDEC_KERNELS=avx2 python benchmarks/kernels_zen3.py [--m 1 2 4 9 17] [--json out.json]
+
+tests/kernels/test_zen3_model.py asserts its bounds.  Needs llvm-mca (llvm-14-tools) on PATH
+or in LLVM_MCA.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+CPU = "znver3"
+EVEX = re.compile(r"%zmm|%ymm(1[6-9]|2\d|3[01])\b|%xmm(1[6-9]|2\d|3[01])\b|%k[0-7]\b|\{1to\d+\}")
+STACK = re.compile(r"-?\d*\(%r[sb]p\)")
+
+
+def llvm_mca() -> str | None:
+    """The llvm-mca binary (LLVM_MCA, llvm-mca, llvm-mca-14 …) or None."""
+    for name in (os.environ.get("LLVM_MCA"), "llvm-mca", "llvm-mca-14", "llvm-mca-15", "llvm-mca-18"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _target_machine():
+    from kernels.ir import cpu_features
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    feats = ",".join(sorted(f for f in cpu_features() if f))
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    return target.create_target_machine(cpu=CPU, features=feats, opt=3, reloc="pic", codemodel="default")
+
+
+def compile_asm(module: ir.Module) -> str:
+    """The module optimized at O3 (Numba's pipeline options) and compiled to AT&T assembly."""
+    tm = _target_machine()
+    mod = llvm.parse_assembly(str(module))
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options()
+    pto.speed_level = 3
+    pto.slp_vectorization = False
+    pto.loop_vectorization = False
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return tm.emit_assembly(mod)
+
+
+def _instructions(asm: str) -> list[tuple[str, str]]:
+    """(label or '', instruction) lines of the function's body."""
+    out = []
+    for line in asm.splitlines():
+        s = line.split("#")[0].strip()
+        if not s:
+            continue
+        if s.endswith(":"):
+            out.append((s[:-1], ""))
+        elif not s.startswith("."):
+            out.append(("", s))
+    return out
+
+
+def hot_loop(asm: str) -> tuple[list[str], list[str]]:
+    """(the innermost loop's instructions, every other instruction): the innermost loop is
+    the shortest span from a label to a branch back to it that holds no other back edge."""
+    lines = _instructions(asm)
+    labels = {lab: i for i, (lab, _) in enumerate(lines) if lab}
+    loops = []
+    for i, (_, ins) in enumerate(lines):
+        m = re.match(r"j\w+\s+(\S+)$", ins)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            loops.append((labels[m.group(1)], i))
+    inner = [(a, b) for a, b in loops if not any(a <= c < d <= b and (c, d) != (a, b) for c, d in loops)]
+    body = set()
+    if inner:
+        a, b = max(inner, key=lambda ab: ab[1] - ab[0])
+        body = set(range(a, b + 1))
+    loop = [ins for i, (_, ins) in enumerate(lines) if ins and i in body]
+    rest = [ins for i, (_, ins) in enumerate(lines) if ins and i not in body and not ins.startswith("ret")]
+    return loop, rest
+
+
+def spills(ins: list[str]) -> tuple[int, int]:
+    """(vector spills, vector reloads): ymm/xmm stores to the stack, stack loads into (or
+    folded into an operation on) a vector register."""
+    st = ld = 0
+    for s in ins:
+        if "mm" not in s or not STACK.search(s) or s.startswith(("prefetch", "lea")):
+            continue
+        ops = s.split(None, 1)[1] if " " in s else ""
+        if STACK.search(ops.split(",")[-1]):
+            st += 1
+        else:
+            ld += 1
+    return st, ld
+
+
+def mca_cycles(ins: list[str], iterations: int = 200) -> float:
+    """llvm-mca -mcpu=znver3: cycles per iteration of the instructions as a loop body."""
+    if not ins:
+        return 0.0
+    text = "\n".join(i for i in ins if not re.match(r"j\w+\s", i)) + "\n"
+    res = subprocess.run([llvm_mca(), f"-mcpu={CPU}", f"-iterations={iterations}", "-all-views=false",
+                          "-summary-view"], input=text, capture_output=True, text=True, check=True)
+    total = int(re.search(r"Total Cycles:\s+(\d+)", res.stdout).group(1))
+    return total / iterations
+
+
+def evex(asm: str) -> list[str]:
+    """The instructions that are not plain AVX2 (EVEX registers, masks or broadcasts)."""
+    return [s for _, s in _instructions(asm) if s and EVEX.search(s)]
+
+
+# ------------------------------------------------------------------------- the kernels
+
+def kquant_function(qtype: int, m: int, emit=None) -> ir.Module:
+    """A module whose function runs the interleaved K-quant chunk kernel's code for M = m rows
+    over every tile and record (kquants_x16_ir._emit_chunk, or ``emit`` of the same signature)."""
+    from kernels import kquants_x16_ir as kx
+    from kernels.ir import F32, I8, I64
+    emit = emit or kx._emit_chunk
+    mod = ir.Module(name=f"kquant_{qtype}_m{m}")
+    i8p, f32p = I8.as_pointer(), F32.as_pointer()
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i8p, i8p, f32p, i8p, f32p, I64, I64]), "kernel")
+    w, xq, xd, xbs, out, n, nblk = fn.args
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    x = kx._Q8K(xq, xd, xbs, I64(m), nblk)
+    emit(builder, qtype, False, True, w, x, out, n, I64(0), I64(1))
+    builder.ret_void()
+    return mod
+
+
+def measure(module: ir.Module, m: int, per_m_loop: bool = False) -> dict:
+    """Spills, EVEX instructions and modelled cycles of the module's hot loop.  per_m_loop:
+    the hot loop runs once per activation row (cycles = outside + m · loop), else once per
+    record with all m rows inside (cycles = loop)."""
+    asm = compile_asm(module)
+    loop, rest = hot_loop(asm)
+    st, ld = spills(loop)
+    cyc = mca_cycles(loop)
+    if per_m_loop:
+        cyc = mca_cycles(rest) + m * cyc
+    return {"m": m, "loop_instructions": len(loop), "spills": st, "reloads": ld,
+            "cycles": round(cyc, 2), "evex": len(evex(asm))}
