@@ -24,17 +24,26 @@ or in LLVM_MCA.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
+import sys
 
 import llvmlite.binding as llvm
 from llvmlite import ir
 
 CPU = "znver3"
+PACKAGE = os.environ.get("KERNELS_PACKAGE", "specdec.kernels")   # "kernels": another checkout's, on PYTHONPATH
 EVEX = re.compile(r"%zmm|%ymm(1[6-9]|2\d|3[01])\b|%xmm(1[6-9]|2\d|3[01])\b|%k[0-7]\b|\{1to\d+\}")
 STACK = re.compile(r"-?\d*\(%r[sb]p\)")
+
+
+def _kernels(name: str):
+    """The kernels' module ``name`` (of PACKAGE)."""
+    import importlib
+    return importlib.import_module(f"{PACKAGE}.{name}")
 
 
 def llvm_mca() -> str | None:
@@ -46,7 +55,7 @@ def llvm_mca() -> str | None:
 
 
 def _target_machine():
-    from kernels.ir import cpu_features
+    cpu_features = _kernels("ir").cpu_features
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     feats = ",".join(sorted(f for f in cpu_features() if f))
@@ -138,18 +147,42 @@ def evex(asm: str) -> list[str]:
 def kquant_function(qtype: int, m: int, emit=None) -> ir.Module:
     """A module whose function runs the interleaved K-quant chunk kernel's code for M = m rows
     over every tile and record (kquants_x16_ir._emit_chunk, or ``emit`` of the same signature)."""
-    from kernels import kquants_x16_ir as kx
-    from kernels.ir import F32, I8, I64
+    kx = _kernels("kquants_x16_ir")
+    F32, I8, I64 = (getattr(_kernels("ir"), n) for n in ("F32", "I8", "I64"))
     emit = emit or kx._emit_chunk
     mod = ir.Module(name=f"kquant_{qtype}_m{m}")
     i8p, f32p = I8.as_pointer(), F32.as_pointer()
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i8p, i8p, f32p, i8p, f32p, I64, I64]), "kernel")
     w, xq, xd, xbs, out, n, nblk = fn.args
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    x = kx._Q8K(xq, xd, xbs, I64(m), nblk)
-    emit(builder, qtype, False, True, w, x, out, n, I64(0), I64(1))
+    x = (getattr(kx, "_Q8K", None) or _kernels("ir").Q8K)(xq, xd, xbs, I64(m), nblk)
+    with _constant_switches():
+        emit(builder, qtype, False, True, w, x, out, n, I64(0), I64(1))
     builder.ret_void()
     return mod
+
+
+@contextlib.contextmanager
+def _constant_switches():
+    """ir.switch_static on a constant emits only that case's path (the others LLVM would
+    drop anyway: emitting all 17 per M only costs time)."""
+    original = _kernels("ir").switch_static
+
+    def switch_static(builder, value, n_max, body, name):
+        if isinstance(value, ir.Constant):
+            if 1 <= value.constant <= n_max:
+                body(value.constant)
+            return None
+        return original(builder, value, n_max, body, name)
+    patched = [mod for mod in list(sys.modules.values())
+               if "kernels" in getattr(mod, "__name__", "") and getattr(mod, "switch_static", None) is original]
+    for mod in patched:
+        mod.switch_static = switch_static
+    try:
+        yield
+    finally:
+        for mod in patched:
+            mod.switch_static = original
 
 
 def measure(module: ir.Module, m: int, per_m_loop: bool = False) -> dict:
@@ -164,3 +197,58 @@ def measure(module: ir.Module, m: int, per_m_loop: bool = False) -> dict:
         cyc = mca_cycles(rest) + m * cyc
     return {"m": m, "loop_instructions": len(loop), "spills": st, "reloads": ld,
             "cycles": round(cyc, 2), "evex": len(evex(asm))}
+
+
+# ------------------------------------------------------------------------------ the model
+
+BYTES_PER_CYCLE = 3.0   # one Zen 3 core's share of a one-row pass's weight stream (docs/architecture.md)
+BOUNDS = {9: 2.0, 17: 3.5}   # modelled pass of M rows / one row, at most (tests/kernels/test_zen3_model.py)
+
+
+def kquant_model(qtypes=None, ms=(1, 9, 17)) -> dict:
+    """{format name: [measure(M) + 'ratio']} for the interleaved K-quants' AVX2 code: ratio =
+    max(cycles(M), floor) / max(cycles(1), floor), floor = the record's bytes / BYTES_PER_CYCLE
+    (a one-row pass streams the weights; the rows' work hides behind that stream up to it)."""
+    kx, FORMATS = _kernels("kquants_x16_ir"), _kernels("formats").FORMATS
+    out = {}
+    for qt in qtypes or tuple(kx.RECORD):
+        floor = kx.RECORD[qt] / BYTES_PER_CYCLE
+        rows = [measure(kquant_function(qt, m, _emitter(kx)), m) for m in ms]
+        base = max(rows[0]["cycles"], floor)
+        for r in rows:
+            r["ratio"] = round(max(r["cycles"], floor) / base, 3)
+            r["floor"] = round(floor, 1)
+        out[FORMATS[qt].name] = rows
+    return out
+
+
+def _emitter(kx):
+    """The chunk emitter the AVX2 build of kquants_x16_ir uses (this tree's, or an older
+    tree's _emit_chunk when it has no separate AVX2 code)."""
+    avx2 = getattr(kx, "kquants_x16_avx2", None)
+    return avx2.emit_chunk if avx2 is not None and getattr(kx, "AVX2_PATH", False) else kx._emit_chunk
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 9, 17], help="rows per pass (first: the base)")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+    if llvm_mca() is None:
+        print("llvm-mca not found (apt-get install llvm-14-tools, or set LLVM_MCA)")
+        return 2
+    cpu = _kernels("cpu")
+    res = {"cpu_model": CPU, "path": cpu.path(), "bytes_per_cycle": BYTES_PER_CYCLE, "kquants": kquant_model(ms=args.m)}
+    for name, rows in res["kquants"].items():
+        print(name, " ".join(f"M={r['m']}: {r['cycles']:.0f} cyc {r['spills']}/{r['reloads']} spill/reload "
+                             f"x{r['ratio']:.2f}" for r in rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

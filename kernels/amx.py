@@ -37,7 +37,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .ir import I32, I64, cpu_features
+from .ir import I32, I64, byte_ptr, cpu_features
 
 SYS_ARCH_PRCTL = 158                      # x86-64
 ARCH_GET_XCOMP_PERM, ARCH_REQ_XCOMP_PERM = 0x1022, 0x1023
@@ -114,14 +114,6 @@ def asm(builder, text: str, constraints: str, args: list) -> None:
     builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), args)
 
 
-def _ptr(context, builder, sig, args, i, offset=None):
-    """Byte pointer to array argument i (plus a byte offset argument)."""
-    p = builder.bitcast(context.make_array(sig.args[i])(context, builder, args[i]).data, I8P)
-    if offset is not None:
-        p = builder.gep(p, [context.cast(builder, args[offset], sig.args[offset], types.int64)])
-    return p
-
-
 @intrinsic
 def _xgetbv0(typingctx):
     """XCR0 (xgetbv with ecx = 0) as uint64."""
@@ -149,7 +141,7 @@ def _xcr0() -> int:
 def load_config(typingctx, cfg):
     """ldtilecfg from cfg (uint8[64], tile_config)."""
     def codegen(context, builder, sig, args):
-        asm(builder, "ldtilecfg ($0)", "r,~{memory}", [_ptr(context, builder, sig, args, 0)])
+        asm(builder, "ldtilecfg ($0)", "r,~{memory}", [byte_ptr(context, builder, sig, args, 0)])
         return context.get_dummy_value()
     return types.void(cfg), codegen
 
@@ -168,7 +160,7 @@ def _tile_codegen(text: str, n_arrays: int):
     def codegen(context, builder, sig, args):
         vals = []
         for j in range(n_arrays):
-            vals += [_ptr(context, builder, sig, args, 3 * j, 3 * j + 1),
+            vals += [byte_ptr(context, builder, sig, args, 3 * j, 3 * j + 1),
                      context.cast(builder, args[3 * j + 2], sig.args[3 * j + 2], types.int64)]
         asm(builder, text, ",".join(["r"] * len(vals) + ["~{memory}"]), vals)
         return context.get_dummy_value()

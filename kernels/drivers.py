@@ -100,6 +100,13 @@ def loops(module: dict, name: str, kernels: dict, params: str, call: str):
 def keyed(intrinsic, key: str):
     """The intrinsic with a fixed id: a cached ``@njit`` closure over it (a factory's) is keyed
     by Numba on its pickled closure, and an intrinsic pickles its id, otherwise new in every
-    process (the cached code would never be found again: compiled anew each time)."""
-    intrinsic._set_uuid(f"specdec.kernels:{key}")
+    process (the cached code would never be found again: compiled anew each time).
+
+    Numba offers no public way to fix that id: this wrapper is the kernels' one use of the
+    private ``_set_uuid`` (tests/kernels/test_drivers.py fails on a Numba without it, and
+    checks that the id is the key)."""
+    set_uuid = getattr(intrinsic, "_set_uuid", None)
+    if set_uuid is None:
+        raise RuntimeError(f"this Numba cannot key the intrinsic {key} (no _set_uuid): drivers.keyed needs a new way")
+    set_uuid(f"specdec.kernels:{key}")
     return intrinsic

@@ -13,6 +13,8 @@ editing this file, clear the caches (the ``__pycache__`` folders of kernels/, or
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from llvmlite import ir
 from numba.core import cgutils, config
 from numba.core.codegen import get_host_cpu_features
@@ -37,6 +39,57 @@ def const_vector(ty: ir.Type, values) -> ir.Constant:
     """Constant <len(values) x ty> holding values."""
     values = list(values)
     return ir.Constant(vector_type(ty, len(values)), values)
+
+
+def vec_i32(value: int, n: int = 16) -> ir.Constant:
+    """The constant <n x i32> with every lane ``value``."""
+    return ir.Constant(vector_type(I32, n), value)
+
+
+class Q8K(NamedTuple):
+    """Data pointers of Q8_K activations (q8k.py's block-major layout) and their sizes, as a
+    K-quant chunk kernel reads them; N: the output's row length, where the emitter needs it."""
+    q: ir.Value      # i8*  codes (K/256, M, 256)
+    d: ir.Value      # f32* scales (K/256, M)
+    bs: ir.Value     # i8*  the code sums, as the kernel's setup arranged them (K/256, M, ·)
+    M: ir.Value      # i64
+    nblk: ir.Value   # i64  K/256
+    N: ir.Value | None = None
+
+
+# ------------------------------------------------------------- intrinsic arguments
+
+def array_data(context, builder, sig, args, i: int):
+    """The data pointer of the array argument i of an intrinsic's codegen (typed as Numba
+    lays the array out: its dtype's pointer)."""
+    return context.make_array(sig.args[i])(context, builder, value=args[i]).data
+
+
+def array_shape(context, builder, sig, args, i: int) -> list:
+    """The shape (i64 values) of the array argument i."""
+    arr = context.make_array(sig.args[i])(context, builder, value=args[i])
+    return cgutils.unpack_tuple(builder, arr.shape, sig.args[i].ndim)
+
+
+def int_arg(context, builder, sig, args, i: int):
+    """The integer argument i of an intrinsic's codegen as an i64."""
+    from numba import types
+    return context.cast(builder, args[i], sig.args[i], types.int64)
+
+
+def arg_readers(context, builder, sig, args):
+    """(data, as_i64): data(i) the data pointer of array argument i, as_i64(i) integer
+    argument i as an i64, for an intrinsic's codegen."""
+    return (lambda i: array_data(context, builder, sig, args, i),
+            lambda i: int_arg(context, builder, sig, args, i))
+
+
+def byte_ptr(context, builder, sig, args, i: int, offset: int | None = None):
+    """An i8* to the array argument i, plus the byte offset held by argument ``offset``."""
+    p = builder.bitcast(array_data(context, builder, sig, args, i), I8.as_pointer())
+    if offset is not None:
+        p = builder.gep(p, [int_arg(context, builder, sig, args, offset)])
+    return p
 
 
 # ------------------------------------------------------------------------ the target

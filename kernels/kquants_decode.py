@@ -15,16 +15,12 @@ from typing import Callable, NamedTuple
 from llvmlite import ir
 
 from .formats import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
-from .ir import I8, I16, I32, V16I32, const_vector, f16_to_f32, load_bytes, shuffle
+from .ir import I8, I16, I32, V16I32, const_vector, vec_i32, f16_to_f32, load_bytes, shuffle
 
 LANES = range(16)
 
 
 # ---------------------------------------------------------------------------- IR helpers
-
-def _splat_i32(value: int) -> ir.Constant:
-    return ir.Constant(V16I32, value)
-
 
 def _lanes(builder, words, index, shift, mask: int):
     """(words[index[L]] >> shift[L]) & mask for the 16 lanes: a dword gather (vpermd /
@@ -32,7 +28,7 @@ def _lanes(builder, words, index, shift, mask: int):
     v = shuffle(builder, words, index)
     if any(shift):
         v = builder.lshr(v, const_vector(I32, shift))
-    return builder.and_(v, _splat_i32(mask))
+    return builder.and_(v, vec_i32(mask))
 
 
 # ------------------------------------------------------------------------ block decoders
@@ -95,7 +91,7 @@ def _decode_q5_k(builder, p, f16c):
                     [4 * ((L // 2) % 2) for L in LANES], 0x0F0F0F0F)
         hi = _lanes(builder, qh, [4 * (L % 2) + k for L in LANES], [L // 2 for L in LANES],
                     0x01010101)
-        u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
+        u.append(builder.or_(lo, builder.shl(hi, vec_i32(4))))
     sc, mn = k4_scales(builder, p, 4)
     (d, d16), (dmin, dmin16) = (_half(builder, p, at, f16c) for at in (0, 2))
     return Decoded(u, sc, mn, d, dmin, 0, 31, d16, dmin16)
@@ -119,7 +115,7 @@ def _decode_q6_k(builder, p, f16c):
                     [4 * (s // 2) for h, s, t in hsl], 0x0F0F0F0F)
         hi = _lanes(builder, qh, [8 * h + 4 * t + k for h, s, t in hsl], [2 * s for h, s, t in hsl],
                     0x03030303)
-        u.append(builder.or_(lo, builder.shl(hi, _splat_i32(4))))
+        u.append(builder.or_(lo, builder.shl(hi, vec_i32(4))))
     sc = builder.sext(load_bytes(builder, p, 192, ir.VectorType(I8, 16)), V16I32)
     d, d16 = _half(builder, p, 208, f16c)
     return Decoded(u, sc, None, d, None, 32, 63, d16)
@@ -143,7 +139,7 @@ def _decode_q3_k(builder, p, f16c):
         hsl = [_hsl(L) for L in LANES]
         hb = _lanes(builder, hm, [4 * t + k for h, s, t in hsl], [4 * h + s for h, s, t in hsl],
                     0x01010101)
-        u.append(builder.or_(_crumbs(builder, qs, k), builder.shl(hb, _splat_i32(2))))
+        u.append(builder.or_(_crumbs(builder, qs, k), builder.shl(hb, vec_i32(2))))
     # scale L: low nibble of byte L%8 (shifted by 4·(L//8)) | 2 bits of byte 8 + L%4 << 4
     V16 = ir.VectorType(I8, 16)
     lo8 = load_bytes(builder, p, 96, ir.VectorType(I8, 8))
@@ -153,7 +149,7 @@ def _decode_q3_k(builder, p, f16c):
     hi = builder.and_(builder.lshr(shuffle(builder, hi4, [L % 4 for L in LANES]),
                                    const_vector(I8, [2 * (L // 4) for L in LANES])), ir.Constant(V16, 3))
     sc6 = builder.or_(lo, builder.shl(hi, ir.Constant(V16, 4)))
-    sc = builder.sub(builder.zext(sc6, V16I32), _splat_i32(32))
+    sc = builder.sub(builder.zext(sc6, V16I32), vec_i32(32))
     d, d16 = _half(builder, p, 108, f16c)
     return Decoded(u, sc, None, d, None, 4, 7, d16)
 

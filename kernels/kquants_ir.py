@@ -35,15 +35,13 @@ activations in the block-major layout of q8k.py: xq int8 (K/256, M, 256) lane-ma
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .formats import FORMATS, KQUANTS, Q4_K, Q5_K, Q6_K, QK_K
-from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_chain, f16_to_f32,
+from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, Q8K, dpbusd_chain, f16_to_f32,
                  fma_v16f32, have_avx2, have_f16c, have_vnni512, prefetch, shuffle2, rows_by_m)
 from . import drivers
 from .kquants_decode import DECODERS, Decoded, k4_scales  # noqa: F401 (their home before)
@@ -55,16 +53,7 @@ MAX_STATIC_M = 17  # up to this many activation rows (draft-n 16 + 1), one kerne
 
 # --------------------------------------------------------------------------- intrinsics
 
-class _Q8K(NamedTuple):
-    """Data pointers of the Q8_K activations (block-major, see q8k.py) and their sizes."""
-    q: ir.Value      # i8*  codes (K/256, M, 256)
-    d: ir.Value      # f32* scales (K/256, M)
-    bs: ir.Value     # i16* code sums per 16 (K/256, M, 16)
-    M: ir.Value
-    nblk: ir.Value   # K/256
-
-
-def _x_block(builder, x: _Q8K, m, b):
+def _x_block(builder, x: Q8K, m, b):
     """Activation row m of super-block b: its four code vectors, bsum lanes (<16 x i32>), dx."""
     row = builder.add(builder.mul(b, x.M), m)                   # (b, m) in the block-major x
     xv = [builder.load(builder.gep(x.q, [builder.add(builder.mul(row, I64(QK_K)), I64(64 * k))],
@@ -152,7 +141,7 @@ def _scales(builder, decs, field: str, pattern, f16c: bool):
     return _lanes_of(builder, [getattr(dec, field) for dec in decs], pattern)
 
 
-def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, f16c: bool, wp, row_bytes, x: _Q8K,
+def _emit_chunk(builder, decode, block_bytes: int, vnni: bool, f16c: bool, wp, row_bytes, x: Q8K,
                 out, N, c, n_chunks):
     """out (f32* (M, N)) rows n = lo … hi−1 of chunk c of n_chunks.
 
@@ -253,7 +242,7 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
             c_, nc = (context.cast(builder, v, t, types.int64)
                       for v, t in zip(args[5:], signature.args[5:]))
             nblk, M = cgutils.unpack_tuple(builder, xda.shape, 2)
-            x = _Q8K(xqa.data, xda.data, xbsa.data, M, nblk)
+            x = Q8K(xqa.data, xda.data, xbsa.data, M, nblk)
             N = cgutils.unpack_tuple(builder, outa.shape, 2)[1]
             row_bytes = cgutils.unpack_tuple(builder, wa.shape, 2)[1]
             _emit_chunk(builder, decode, block_bytes, vnni, f16c, wa.data, row_bytes, x, outa.data,

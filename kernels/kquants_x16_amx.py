@@ -43,7 +43,7 @@ from numba.extending import intrinsic
 
 from . import amx, drivers
 from .formats import Q4_K, Q5_K, Q6_K, QK_K
-from .ir import F32, I8, I16, I32, I64, V16F32, V16I32, fma_v16f32, load_bytes, shuffle, splat, vector_type
+from .ir import F32, I8, I16, I32, I64, V16F32, V16I32, byte_ptr, fma_v16f32, load_bytes, shuffle, splat, vector_type
 from .kquants_x16 import RECORD, ROWS
 
 MIN_M = 16                      # the recommended smallest pass for the tiles (docs/architecture.md)
@@ -56,14 +56,6 @@ CONFIG = amx.tile_config({t: (16, 64) for t in range(8)})
 # tmm0, tmm1: C_lo, C_hi of activation tile 0;  tmm2, tmm3: of tile 1;  tmm4, tmm5: A;  tmm6, tmm7: B
 
 V64I8, V32I16, V16I8, V16I16 = (vector_type(t, n) for t, n in ((I8, 64), (I16, 32), (I8, 16), (I16, 16)))
-
-
-def _ptr(context, builder, sig, args, i, off=None):
-    """i8* to array argument i, plus the byte offset argument ``off``."""
-    p = builder.bitcast(context.make_array(sig.args[i])(context, builder, args[i]).data, amx.I8P)
-    if off is not None:
-        p = builder.gep(p, [context.cast(builder, args[off], sig.args[off], types.int64)])
-    return p
 
 
 def _store(builder, val, p, byte_off: int) -> None:
@@ -128,8 +120,8 @@ def _make_prep(qtype: int):
     def prep(typingctx, w, w_off, bbuf, b_off):
         """The B buffer of the record at w + w_off (bytes) into bbuf + b_off (_emit_prep)."""
         def codegen(context, builder, sig, args):
-            _emit_prep(builder, qtype, _ptr(context, builder, sig, args, 0, 1),
-                       _ptr(context, builder, sig, args, 2, 3))
+            _emit_prep(builder, qtype, byte_ptr(context, builder, sig, args, 0, 1),
+                       byte_ptr(context, builder, sig, args, 2, 3))
             return context.get_dummy_value()
         return types.void(w, w_off, bbuf, b_off), codegen
     return drivers.keyed(prep, f"kquants_x16_amx.prep.{qtype}")
@@ -188,13 +180,13 @@ def _make_step(mins: bool, nxt: int, prev: int, tiles: bool = True, update: bool
         def codegen(context, builder, sig, args):
             def arg(i):
                 return context.cast(builder, args[i], sig.args[i], types.int64)
-            a0 = _ptr(context, builder, sig, args, 0, 1)
-            sp = _ptr(context, builder, sig, args, 2)
+            a0 = byte_ptr(context, builder, sig, args, 0, 1)
+            sp = byte_ptr(context, builder, sig, args, 2)
             bb = builder.gep(sp, [arg(3)])
             ops = [a0, builder.gep(a0, [I64(QK_K * M_TILE)]), I64(QK_K), bb, builder.gep(sp, [arg(4)]), I64(64)]
-            dx = builder.bitcast(_ptr(context, builder, sig, args, 6), F32.as_pointer())
-            xb = builder.bitcast(_ptr(context, builder, sig, args, 7), I32.as_pointer())
-            accp = builder.bitcast(_ptr(context, builder, sig, args, 9), F32.as_pointer())
+            dx = builder.bitcast(byte_ptr(context, builder, sig, args, 6), F32.as_pointer())
+            xb = builder.bitcast(byte_ptr(context, builder, sig, args, 7), I32.as_pointer())
+            accp = builder.bitcast(byte_ptr(context, builder, sig, args, 9), F32.as_pointer())
             parts = [(k, k * prev // 4, (k + 1) * prev // 4) for k in range(4)] if side else \
                 [(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, prev)]
             for k, r0, r1 in parts:

@@ -240,7 +240,7 @@ def _zero_rows(builder, out, x, t, m_lo, m_hi) -> None:
 def emit_chunk(builder, qtype, vnni, f16c, wp, x, out, N, c, n_chunks) -> None:
     """out (f32* (M, N)) columns of the tiles of chunk c of n_chunks (module docstring);
     kquants_x16_ir._emit_chunk's signature (vnni: unused, this is the AVX2 path)."""
-    x.N = N
+    x = x._replace(N=N)
     n_tiles = builder.sdiv(N, I64(ROWS))
     lo = builder.sdiv(builder.mul(c, n_tiles), n_chunks)
     hi = builder.sdiv(builder.mul(builder.add(c, I64(1)), n_tiles), n_chunks)

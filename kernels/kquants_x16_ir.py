@@ -46,7 +46,7 @@ from . import drivers, kquants_x16_avx2
 from .formats import FORMATS, Q4_K, Q5_K, Q6_K, QK_K
 from .ir import (F32, I8, I16, I32, I64, V16F32, V16I32, V64I8, dpbusd_bytes, dpbusd_chain, fence, fma_v16f32,
                  have_avx2, have_f16c, have_vnni512, join, load_bytes, prefetch, shuffle,
-                 splat, splat_v16f32, rows_by_m, vector_type)
+                 splat, splat_v16f32, rows_by_m, vec_i32, vector_type, Q8K)
 
 ROWS = 16
 RECORD = {Q4_K: 2368, Q5_K: 2880, Q6_K: 3392}      # as kquants_x16.RECORD
@@ -65,21 +65,17 @@ V16I8, V16I16, V32I16 = vector_type(I8, 16), vector_type(I16, 16), vector_type(I
 U_MAX = {Q4_K: 15, Q5_K: 31, Q6_K: 63}
 
 
-def _vec_i32(value: int) -> ir.Constant:
-    return ir.Constant(V16I32, value)
-
-
 def _f16x16_to_f32(builder, h, f16c: bool):
     """<16 x i16> IEEE halves -> <16 x float>, exact (vcvtph2ps, or the integer conversion
     of ir.f16_to_f32 lane-wise)."""
     if f16c:
         return builder.fpext(builder.bitcast(h, vector_type(ir.HalfType(), 16)), V16F32)
     h = builder.zext(h, V16I32)
-    em = builder.shl(builder.and_(h, _vec_i32(0x7FFF)), _vec_i32(13))
+    em = builder.shl(builder.and_(h, vec_i32(0x7FFF)), vec_i32(13))
     scaled = builder.bitcast(builder.fmul(builder.bitcast(em, V16F32), ir.Constant(V16F32, 2.0 ** 112)), V16I32)
-    special = builder.icmp_unsigned("==", builder.and_(h, _vec_i32(0x7C00)), _vec_i32(0x7C00))
-    bits = builder.select(special, builder.or_(em, _vec_i32(0x7F800000)), scaled)
-    return builder.bitcast(builder.or_(bits, builder.shl(builder.and_(h, _vec_i32(0x8000)), _vec_i32(16))), V16F32)
+    special = builder.icmp_unsigned("==", builder.and_(h, vec_i32(0x7C00)), vec_i32(0x7C00))
+    bits = builder.select(special, builder.or_(em, vec_i32(0x7F800000)), scaled)
+    return builder.bitcast(builder.or_(bits, builder.shl(builder.and_(h, vec_i32(0x8000)), vec_i32(16))), V16F32)
 
 
 def _madd_words(builder, a, b):
@@ -111,7 +107,7 @@ def _pshufb(builder, table, idx):
 
 def _pairs(builder, lo, hi):
     """Two <16 x i32> (values fitting i16) -> <32 x i16>: (lo[l], hi[l]) in word pair l."""
-    return builder.bitcast(builder.or_(builder.and_(lo, _vec_i32(0xFFFF)), builder.shl(hi, _vec_i32(16))), V32I16)
+    return builder.bitcast(builder.or_(builder.and_(lo, vec_i32(0xFFFF)), builder.shl(hi, vec_i32(16))), V32I16)
 
 
 # ------------------------------------------------------------------------- the record
@@ -146,21 +142,21 @@ class _Record:
         b, q = self.b, self.qtype
         lo = self.vec(QS_AT[q] + 64 * (8 * c + t))
         if h and self.sixteen:                         # 16·u: the high nibble in place
-            return b.bitcast(b.and_(lo, _vec_i32(0xF0F0F0F0)), V64I8)
+            return b.bitcast(b.and_(lo, vec_i32(0xF0F0F0F0)), V64I8)
         if h:
-            lo = b.lshr(lo, _vec_i32(4))
-        u = b.and_(lo, _vec_i32(0x0F0F0F0F))
+            lo = b.lshr(lo, vec_i32(4))
+        u = b.and_(lo, vec_i32(0x0F0F0F0F))
         if q == Q5_K:                                  # bit 2c + h of qh vector t -> bit 4
             qh, s = self.vec(320 + 64 * t), 2 * c + h
-            hb = b.shl(qh, _vec_i32(4 - s)) if s < 4 else b.lshr(qh, _vec_i32(s - 4))
-            u = b.or_(u, b.and_(hb, _vec_i32(0x10101010)))
+            hb = b.shl(qh, vec_i32(4 - s)) if s < 4 else b.lshr(qh, vec_i32(s - 4))
+            u = b.or_(u, b.and_(hb, vec_i32(0x10101010)))
         elif q == Q6_K:                                # bits 2c, 2c + 1 of qh vector 8h + t -> 4, 5
             qh, s = self.vec(320 + 64 * (8 * h + t)), 2 * c
             if self.lookup and c < 2:                  # the low nibble's two fields, looked up
-                hb = _pshufb(b, _SHIFT_LUT[c], b.and_(qh, _vec_i32(0x0F0F0F0F)))
+                hb = _pshufb(b, _SHIFT_LUT[c], b.and_(qh, vec_i32(0x0F0F0F0F)))
             else:
-                hb = b.shl(qh, _vec_i32(4 - s)) if s < 4 else b.lshr(qh, _vec_i32(s - 4))
-            u = b.or_(u, b.and_(hb, _vec_i32(0x30303030)))
+                hb = b.shl(qh, vec_i32(4 - s)) if s < 4 else b.lshr(qh, vec_i32(s - 4))
+            u = b.or_(u, b.and_(hb, vec_i32(0x30303030)))
         return b.bitcast(u, V64I8)
 
     def units(self):
@@ -176,7 +172,7 @@ class _Record:
                     j = 4 * c + 2 * h + s if q6 else 2 * c + h
                     sc = self.bytes16(64 + 16 * j, q6)
                     if self.sixteen and not h:
-                        sc = self.b.shl(sc, _vec_i32(4))
+                        sc = self.b.shl(sc, vec_i32(4))
                     yield j, sc, [(self.codes(c, h, t), 16 * c + 8 * h + t) for t in ts]
 
     def min_weights(self):
@@ -187,13 +183,6 @@ class _Record:
 
 
 # ----------------------------------------------------------------------- the update
-
-class _Q8K:
-    """Data pointers of the Q8_K activations (q8k.py's block-major layout) and their sizes."""
-
-    def __init__(self, q, d, bs, M, nblk):
-        self.q, self.d, self.bs, self.M, self.nblk = q, d, bs, M, nblk
-
 
 def _dot(builder, vnni: bool, words, xs, u_max: int, start):
     """start (<16 x i32> or None) + Σ vpdpbusd(codes, word): one chain from start with VNNI,
@@ -207,7 +196,7 @@ def _dot(builder, vnni: bool, words, xs, u_max: int, start):
     return dot if start is None else builder.add(dot, start)
 
 
-def _emit_record(builder, rec: _Record, vnni: bool, x: _Q8K, b, ms: list, accs: list,
+def _emit_record(builder, rec: _Record, vnni: bool, x: Q8K, b, ms: list, accs: list,
                  ahead: list) -> None:
     """accs[j] (alloca'd <16 x float>) += record rec against activation rows ms[j] of block b.
     x.bs: Q4_K, Q5_K int16 (nb, M, 8) per-32 bsums; Q6_K int32 (nb, M, 16) −32·bsum, where
@@ -234,7 +223,7 @@ def _emit_record(builder, rec: _Record, vnni: bool, x: _Q8K, b, ms: list, accs: 
             isums[j] = prod if isums[j] is None else builder.add(isums[j], prod)
         fence(builder, memory=False)
     if rec.sixteen:                                     # 16·isum, exactly: back to isum
-        isums = [builder.ashr(v, _vec_i32(4)) for v in isums]
+        isums = [builder.ashr(v, vec_i32(4)) for v in isums]
     wts = rec.min_weights() if qt != Q6_K else []
     for j, r in enumerate(rows):
         dx = splat_v16f32(builder, builder.load(builder.gep(x.d, [r], source_etype=F32)))
@@ -249,7 +238,7 @@ def _emit_record(builder, rec: _Record, vnni: bool, x: _Q8K, b, ms: list, accs: 
         builder.store(acc, accs[j])
 
 
-def _emit_chunk(builder, qtype, vnni, f16c, wp, x: _Q8K, out, N, c, n_chunks):
+def _emit_chunk(builder, qtype, vnni, f16c, wp, x: Q8K, out, N, c, n_chunks):
     """out (f32* (M, N)) columns of the tiles lo … hi−1 of chunk c of n_chunks (module docstring)."""
     M, nblk = x.M, x.nblk
     n_tiles = builder.sdiv(N, I64(ROWS))
@@ -297,7 +286,7 @@ def make_chunk_kernel(qtype: int, vnni: bool | None = None, f16c: bool | None = 
                                         for t, v in zip(signature.args[:5], args[:5]))
             c_, nc = (context.cast(builder, v, t, types.int64) for v, t in zip(args[5:], signature.args[5:]))
             nblk, M = cgutils.unpack_tuple(builder, xda.shape, 2)
-            x = _Q8K(xqa.data, xda.data, builder.bitcast(xbsa.data, I8.as_pointer()), M, nblk)
+            x = Q8K(xqa.data, xda.data, builder.bitcast(xbsa.data, I8.as_pointer()), M, nblk)
             N = cgutils.unpack_tuple(builder, outa.shape, 2)[1]
             emit(builder, qtype, vnni, f16c, wa.data, x, outa.data, N, c_, nc)
             return context.get_dummy_value()

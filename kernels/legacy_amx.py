@@ -32,7 +32,7 @@ from . import amx, drivers
 from .formats import FORMATS, LEGACY, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from numba.core import cgutils
 
-from .ir import F32, I32, I64, V16F32, V16I32, join, load_at, splat, store_at
+from .ir import arg_readers, F32, I32, I64, V16F32, V16I32, join, load_at, splat, store_at
 from .legacy_ir import DECODERS, Decoded
 from .q8_act import QK8, q8_rows
 from .records import REC, decode_record
@@ -63,10 +63,8 @@ def _make_decode(qtype: int, repacked: bool = False):
         sig = types.void(w, row0, rs, b, bbuf, dbuf, mbuf)
 
         def codegen(context, builder, signature, args):
-            def data(i):
-                return context.make_array(signature.args[i])(context, builder, args[i]).data
-            row0_, rs_, b_ = (context.cast(builder, args[i], signature.args[i], types.int64)
-                              for i in (1, 2, 3))
+            data, as_i64 = arg_readers(context, builder, signature, args)
+            row0_, rs_, b_ = (as_i64(i) for i in (1, 2, 3))
             blk = builder.add(row0_, builder.mul(b_, I64(block_bytes)))
             if repacked:
                 lo = decode_record(builder, data(0), blk, qtype)
@@ -102,11 +100,7 @@ def _make_update(off: int, has_min: bool):
         sig = types.void(out, n0, m0, m1, b, nb, cbuf, dbuf, mbuf, xsum, xd, xs)
 
         def codegen(context, builder, signature, args):
-            def data(i):
-                return context.make_array(signature.args[i])(context, builder, args[i]).data
-
-            def as_i64(i):
-                return context.cast(builder, args[i], signature.args[i], types.int64)
+            data, as_i64 = arg_readers(context, builder, signature, args)
             n = builder.extract_value(context.make_array(signature.args[0])(
                 context, builder, args[0]).shape, 1)
             n0_, m0_, m1_, b_, nb_ = (as_i64(i) for i in range(1, 6))

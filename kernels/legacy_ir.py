@@ -40,7 +40,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .formats import FORMATS, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-from .ir import (F16, F32, I16, I32, I64, V8F32, V8I16, V8I32, V32I8, dpbusd_words, have_vnni256, join,
+from .ir import (arg_readers, F16, F32, I16, I32, I64, V8F32, V8I16, V8I32, V32I8, dpbusd_words, have_vnni256, join,
                  load_at, prefetch, shuffle2, splat, store_at, vector_type)
 
 # ------------------------------------------------------------------------------ IR helpers
@@ -268,11 +268,7 @@ def make_tile(qtype: int, vnni: bool | None = None, rows: int = 8):
         sig = types.void(w, row0, rs, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
 
         def codegen(context, builder, signature, args):
-            def data(i):
-                return context.make_array(signature.args[i])(context, builder, args[i]).data
-
-            def as_i64(i):
-                return context.cast(builder, args[i], signature.args[i], types.int64)
+            data, as_i64 = arg_readers(context, builder, signature, args)
 
             wp = data(0)
             row0_, rs_, b_ = as_i64(1), as_i64(2), as_i64(3)

@@ -37,7 +37,7 @@ from numba.extending import intrinsic
 from . import drivers, legacy
 from .checks import frozen
 from .formats import FORMATS, LEGACY, Q8_0
-from .ir import I64, have_vnni256, join, prefetch
+from .ir import arg_readers, I64, have_vnni256, join, prefetch
 from .legacy_ir import Decoded, emit_tile
 from .q8_act import QK8, q8_rows
 from .records import REC, decode_record
@@ -165,11 +165,7 @@ def make_tile(qtype: int, rows: int):
         sig = types.void(w, t0, b, xq, xsum, xd, xs, k, nb, m0, m1, acc, acc0, acc_ms)
 
         def codegen(context, builder, signature, args):
-            def data(i):
-                return context.make_array(signature.args[i])(context, builder, args[i]).data
-
-            def as_i64(i):
-                return context.cast(builder, args[i], signature.args[i], types.int64)
+            data, as_i64 = arg_readers(context, builder, signature, args)
 
             wp, nb_ = data(0), as_i64(8)
             offs = [builder.add(as_i64(1), builder.mul(as_i64(2), I64(rec)))]
