@@ -235,19 +235,66 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 9, 17], help="rows per pass (first: the base)")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--legacy", action="store_true", help="also the legacy quants' tiles (Q4_0, Q4_1, Q8_0)")
     args = ap.parse_args(argv)
     if llvm_mca() is None:
         print("llvm-mca not found (apt-get install llvm-14-tools, or set LLVM_MCA)")
         return 2
     cpu = _kernels("cpu")
     res = {"cpu_model": CPU, "path": cpu.path(), "bytes_per_cycle": BYTES_PER_CYCLE, "kquants": kquant_model(ms=args.m)}
-    for name, rows in res["kquants"].items():
+    if args.legacy:
+        res["legacy"] = legacy_model(ms=args.m)
+    for name, rows in [*res["kquants"].items(), *res.get("legacy", {}).items()]:
         print(name, " ".join(f"M={r['m']}: {r['cycles']:.0f} cyc {r['spills']}/{r['reloads']} spill/reload "
                              f"x{r['ratio']:.2f}" for r in rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
     return 0
+
+
+
+def legacy_function(qtype: int, m: int, rows: int = 16) -> ir.Module:
+    """A module whose function runs one 32-value block of a legacy-quant tile of ``rows``
+    repacked rows (repack.make_tile's code: records.decode_record, legacy_ir.emit_tile)
+    against activation rows 0 … m−1."""
+    kir, rec_mod, lir = _kernels("ir"), _kernels("records"), _kernels("legacy_ir")
+    I8, I32, I64, F32 = kir.I8, kir.I32, kir.I64, kir.F32
+    mod = ir.Module(name=f"legacy_{qtype}_m{m}")
+    i8p, i32p, f32p = I8.as_pointer(), I32.as_pointer(), F32.as_pointer()
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i8p, I64, I64, i8p, i32p, f32p, f32p, I64, I64,
+                                                          f32p]), "kernel")
+    wp, t0, b, xq, xsum, xd, xs, k, nb, acc = fn.args
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    rec = rec_mod.REC[qtype]
+    offs = [builder.add(t0, builder.mul(b, I64(rec)))]
+    if rows == 16:
+        offs.append(builder.add(offs[0], builder.mul(nb, I64(rec))))
+    decs = [rec_mod.decode_record(builder, wp, o, qtype) for o in offs]
+    dec = decs[0]
+    if rows == 16:
+        hi = decs[1]
+        dec = lir.Decoded([kir.join(builder, a, c) for a, c in zip(dec.cols, hi.cols)], dec.off,
+                          kir.join(builder, dec.d, hi.d), None if dec.m is None else kir.join(builder, dec.m, hi.m))
+    lir.emit_tile(builder, dec, False, (xq, xsum, xd, xs, acc), (b, k, nb, I64(0), I64(m), I64(0), I64(rows)))
+    builder.ret_void()
+    return mod
+
+
+def legacy_model(qtypes=None, ms=(1, 9, 17)) -> dict:
+    """{format name: [measure(M) + 'ratio']} for a legacy-quant tile block: cycles = the block's
+    decode + M · the loop over activation rows; floor: its 16 rows' bytes / BYTES_PER_CYCLE."""
+    formats, rec_mod = _kernels("formats"), _kernels("records")
+    out = {}
+    for qt in qtypes or (formats.Q4_0, formats.Q4_1, formats.Q8_0):
+        floor = 2 * rec_mod.REC[qt] / BYTES_PER_CYCLE
+        rows = [measure(legacy_function(qt, m), m, per_m_loop=True) for m in ms]
+        base = max(rows[0]["cycles"], floor)
+        for r in rows:
+            r["ratio"] = round(max(r["cycles"], floor) / base, 3)
+            r["floor"] = round(floor, 1)
+        out[formats.FORMATS[qt].name] = rows
+    return out
 
 
 if __name__ == "__main__":

@@ -261,16 +261,53 @@ def llamacpp_section(path: str, a) -> dict | None:
     return out
 
 
+# Runs a tree's script with that tree's specdec and kernels (specdec.kernels is the folder
+# kernels/, which the installed package maps to this checkout's): argv tree, script, args.
+_TREE_BOOT = """
+import importlib.util, runpy, sys
+from importlib.machinery import PathFinder
+tree, script = sys.argv[1], sys.argv[2]
+MAP = {"specdec": tree + "/specdec", "specdec.kernels": tree + "/kernels"}
+class TreeFinder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name in MAP:
+            return importlib.util.spec_from_file_location(name, MAP[name] + "/__init__.py",
+                                                          submodule_search_locations=[MAP[name]])
+        parent = name.rpartition(".")[0]
+        return PathFinder.find_spec(name, [MAP[parent]]) if parent in MAP else None
+sys.meta_path.insert(0, TreeFinder)
+sys.path[:0] = [tree, tree + "/benchmarks"]
+sys.argv = [script] + sys.argv[3:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def baseline_tree(rev: str) -> Path:
+    """--baseline: a checkout's folder, or a commit of this repository checked out (once) in
+    a worktree beside the results (bench-results/baseline-<rev>)."""
+    if Path(rev).is_dir():
+        return Path(rev).resolve()
+    root = Path(__file__).resolve().parents[1]
+    dest = root / "bench-results" / f"baseline-{rev}"
+    if not dest.is_dir():
+        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(dest), rev], check=True,
+                       capture_output=True)
+    return dest
+
+
 def _child(path: str | None, a, tree: Path | None = None) -> list[dict]:
     """measure() of every model in a process of its own on kernel path `path` (None: the
     default, SPECDEC_KERNELS unset); tree: another checkout's script and python (its .venv
     when it has one), for a same-run baseline."""
-    script, python = Path(__file__), sys.executable
+    script, python, boot = Path(__file__), sys.executable, []
     if tree is not None:
         script = tree / "benchmarks" / "verify_curve.py"
         venv = tree / ".venv" / "bin" / "python"
         python = str(venv) if venv.exists() else sys.executable
-    cmd = [python, str(script), "--single", "--models", *a.models, "--repeats", str(a.repeats),
+        if not venv.exists():                      # this interpreter, importing the tree's own specdec
+            boot = ["-c", _TREE_BOOT, str(tree)]
+    cmd = [python, *boot, str(script), "--single", "--models", *a.models, "--repeats", str(a.repeats),
            "--pp", *map(str, a.pp)] + (["--no-mmap"] if a.no_mmap else []) + \
           (["--no-profile"] if a.no_profile or tree is not None else [])
     env = {k: v for k, v in os.environ.items() if k != "SPECDEC_KERNELS"}
@@ -293,7 +330,7 @@ def baseline_runs(a, path: str | None, first: list[dict]) -> tuple[list[dict], l
     """This tree's and a.baseline's measures on `path` (None: each tree's default path),
     alternated a.rounds times in fresh processes (this tree's first round is `first`) -> per
     model, the best of each."""
-    tree = Path(a.baseline).resolve()
+    tree = baseline_tree(a.baseline)
     ours, theirs = [first], []
     for i in range(a.rounds):
         theirs.append(_child(path, a, tree))
@@ -318,7 +355,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-mmap", action="store_true", help="read the model files into memory (both engines)")
     ap.add_argument("--no-profile", action="store_true", help="skip the decode-step and prompt-pass profiles")
     ap.add_argument("--baseline", default=None, metavar="TREE",
-                    help="another checkout of specdec measured in the same run, alternated with this one")
+                    help="another checkout of specdec (a folder, or a commit: checked out in a worktree) "
+                         "measured in the same run, alternated with this one")
     ap.add_argument("--rounds", type=int, default=3, help="--baseline: alternations (the fastest is kept)")
     ap.add_argument("--kernels", default=None, metavar="PATH",
                     help="measure this kernel path (SPECDEC_KERNELS, e.g. avx2) in place of the host's default, "

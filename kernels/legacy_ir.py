@@ -40,8 +40,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .formats import FORMATS, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-from .ir import (arg_readers, F16, F32, I16, I32, I64, V8F32, V8I16, V8I32, V32I8, dpbusd_words, have_vnni256, join,
-                 load_at, prefetch, shuffle2, splat, store_at, vector_type)
+from .ir import (F16, F32, I16, I32, I64, V8F32, V8I16, V8I32, V32I8, V64I8, arg_readers, dpbusd_chain,
+                 dpbusd_words, have_avx2, have_vnni256, join, load_at, prefetch, shuffle2, splat, store_at,
+                 vector_type)
 
 # ------------------------------------------------------------------------------ IR helpers
 
@@ -206,6 +207,7 @@ DECODERS: dict[int, Callable] = {            # qtype -> 8-row block decoder
 
 # ------------------------------------------------------------------------------ the tile
 
+AVX2_PAIRS = True   # AVX2, 4/5-bit codes: pair sums in int16 (emit_tile); measured by benchmarks/kernels_zen3.py
 PREFETCH_TILES = 1  # how many tiles ahead _prefetch_ahead requests (2 and 4 were slower)
 
 def _prefetch_ahead(builder, wp, row0, rs, b, block_bytes: int, rows: int = 8) -> None:
@@ -236,12 +238,18 @@ def emit_tile(builder, dec: Decoded, vnni: bool, ptrs, ints) -> None:
     with cgutils.for_range(builder, m1, start=m0) as loop:
         m = loop.index
         xw = load_at(builder, xq_p, builder.add(builder.mul(m, k), xoff), vector_type(I32, 8))
-        # two independent accumulation chains (exact ints, so grouping is free)
-        sums = [zero, zero]
-        for c in range(8):
-            xc = splat(builder, builder.extract_element(xw, I32(c)), width)
-            sums[c % 2] = dpbusd_words(builder, vnni, sums[c % 2], cols[c], xc, u_max)
-        isum = builder.add(sums[0], sums[1])
+        xcs = [splat(builder, builder.extract_element(xw, I32(c)), width) for c in range(8)]
+        if AVX2_PAIRS and not vnni and have_avx2() and width == 16 and u_max <= 128:
+            # AVX2: the vpmaddubsw pair sums of several columns added in int16 before one
+            # vpmaddwd (ir.dpbusd_chain), half the vpmaddwd of a column at a time
+            isum = dpbusd_chain(builder, False, [builder.bitcast(c, V64I8) for c in cols],
+                                [builder.bitcast(x, V64I8) for x in xcs], u_max)
+        else:
+            # two independent accumulation chains (exact ints, so grouping is free)
+            sums = [zero, zero]
+            for c in range(8):
+                sums[c % 2] = dpbusd_words(builder, vnni, sums[c % 2], cols[c], xcs[c], u_max)
+            isum = builder.add(sums[0], sums[1])
         mb = builder.add(builder.mul(m, nb), b)
         if dec.off:
             corr = builder.mul(load_at(builder, xsum_p, mb, I32, 4), I32(dec.off))
