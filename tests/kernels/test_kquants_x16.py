@@ -196,3 +196,14 @@ def test_every_path_is_the_contract(path, tmp_path):
                        text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split()[-1] == path
+
+
+@pytest.mark.parametrize("qt", x16.INTERLEAVABLE)
+def test_many_rows_in_chunks_of_rows(qt):
+    """K = 40 super-blocks, M = 37: the AVX2 code's passes of more than 17 rows run in chunks
+    of rows (kquants_x16_avx2.ROW_CHUNK_BYTES: 16 rows here, then 16, then 5 = 4 + 1); every
+    path gives the reference bit for bit."""
+    rng = np.random.default_rng(int(qt))
+    w = _gguf(qt, rng, 2, 40)
+    x = (rng.standard_normal((37, 256 * 40)) * 3).astype(np.float32)
+    assert _same(_x16(qt, w, x, tiles=False), reference.kquant_dot(qt, w, x))
