@@ -5,11 +5,14 @@ accumulators; without AVX-512 each vector is a pair of ymm and the code of M ≥
 most of its values to the stack (docs/architecture.md, "AVX2 on Zen 3").  Here everything is
 256 bits wide: a record (16 weight rows, one super-block) is taken in two halves of 8 weight
 rows (lanes), and the activation rows in register blocks of at most ROW_BLOCK rows, so a
-block's int16 pair sums and int32 sums (2 · ROW_BLOCK ymm) stay in registers beside one
-code vector, one broadcast word and one scale vector.  The record (2.3-3.3 KB) stays in L1
-while every block of rows passes over it: the weights are read from memory once per pass
-for any M ≤ MAX_STATIC_M, and once per ROW_CHUNK rows above it (the activations of a
-chunk stay in L2).  Per (half, block, unit j), Q8_K codes as in q8k.py:
+block's int16 pair sums and int32 sums stay in registers beside the code vectors of one
+word, its broadcast and the unit's scales (SHARED_WORDS: both halves per word, each word
+broadcast once; or half by half); ``ir.fence`` after each word pins the sums so that LLVM
+neither hoists the next word's loads nor sinks a row's products (both spilled).  The record
+(2.3-3.3 KB) stays in L1 while every block of rows passes over it: the weights are read from
+memory once per pass for any M ≤ MAX_STATIC_M, and above it once per chunk of rows whose
+codes fit ROW_CHUNK_BYTES (they stay in L2).  Per (half, block, unit j), Q8_K codes as in
+q8k.py:
 
     pairs_r = Σ_{g words} vpmaddubsw(codes, word_r)     int16: g · 2 · u_max · 127 < 2^15
     isum_r += vpmaddwd(pairs_r, (sc_j, sc_j))           the unit's scale rides in vpmaddwd
@@ -22,6 +25,9 @@ super-block and (m, n) as kquants_x16_ir and reference.kquant_dot: the same bits
 the blocks or the thread count.  acc_r lives in out (zeroed per tile), so M is not bounded by
 the registers.  Arrays as kquants_x16_ir's, except Q6_K's xbs: the raw int16 (nb, M, 16)
 per-16 sums (SETUP).
+
+Its drivers are compiled as code of kquants_x16_ir.py (drivers.py), and Numba's cache keys
+them on that file only: after editing this one, touch kquants_x16_ir.py (or clear the caches).
 """
 from __future__ import annotations
 
@@ -216,12 +222,21 @@ def blocks_of(k: int) -> list[int]:
     return [k // n + (i < k % n) for i in range(n)]
 
 
-def _record(builder, qtype, f16c, wp, x, out, t, blk, row_blocks) -> None:
-    """Every row block of row_blocks (lists of i64 rows) over record (t, blk)."""
-    rec_bytes = RECORD[qtype]
-    off = builder.mul(builder.add(builder.mul(t, x.nblk), blk), I64(rec_bytes))
-    p = builder.gep(wp, [off], source_etype=I8)
-    ahead = [PREFETCH_RECORDS * rec_bytes + line for line in range(0, rec_bytes, 64)]
+def _record_ptr(builder, qtype, wp, x, t, blk):
+    off = builder.mul(builder.add(builder.mul(t, x.nblk), blk), I64(RECORD[qtype]))
+    return builder.gep(wp, [off], source_etype=I8)
+
+
+def _ahead(qtype: int) -> list[int]:
+    """The byte offsets of the cache lines PREFETCH_RECORDS records ahead."""
+    return [PREFETCH_RECORDS * RECORD[qtype] + line for line in range(0, RECORD[qtype], 64)]
+
+
+def _record(builder, qtype, f16c, wp, x, out, t, blk, row_blocks, fetch: bool = True) -> None:
+    """Every row block of row_blocks (lists of i64 rows) over record (t, blk); fetch: its
+    first block prefetches the record PREFETCH_RECORDS ahead, a few lines per unit."""
+    p = _record_ptr(builder, qtype, wp, x, t, blk)
+    ahead = _ahead(qtype) if fetch else []
     halves = [_Half(builder, p, qtype, h, f16c) for h in range(2)]
     col = builder.mul(t, I64(ROWS))
     groups = [halves] if SHARED_WORDS[qtype] else [[h] for h in halves]
@@ -277,9 +292,13 @@ def _many_rows(builder, qtype, f16c, wp, x, out, lo, hi) -> None:
         with cgutils.for_range_slice(bb, lo, hi, I64(1)) as (t, _):
             _zero_rows(bb, out, x, t, m0, m1)
             with cgutils.for_range(bb, x.nblk) as blk:
+                p = _record_ptr(bb, qtype, wp, x, t, blk.index)
+                for at in _ahead(qtype):               # once per record, not per block of rows
+                    prefetch(bb, bb.gep(p, [I64(at)], source_etype=I8), 1)
                 with cgutils.for_range_slice(bb, m0, full, I64(ROW_BLOCK)) as (g0, _):
                     _record(bb, qtype, f16c, wp, x, out, t, blk.index,
-                            [[bb.add(g0, I64(j)) for j in range(ROW_BLOCK)]])
+                            [[bb.add(g0, I64(j)) for j in range(ROW_BLOCK)]], fetch=False)
                 switch_static(bb, bb.sub(m1, full), ROW_BLOCK - 1,
                               lambda k: _record(bb, qtype, f16c, wp, x, out, t, blk.index,
-                                                [[bb.add(full, I64(j)) for j in range(k)]]), "avx2_tail")
+                                                [[bb.add(full, I64(j)) for j in range(k)]], fetch=False),
+                              "avx2_tail")
