@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from numba.core import config
 from numba.core.codegen import get_host_cpu_features
 
-from . import amx, threading_layer
+from . import threading_layer
 from .ir import cpu_features, have_avx2, have_f16c, have_vnni256, have_vnni512
 
 KERNELS_ENV = "SPECDEC_KERNELS"
@@ -105,6 +105,15 @@ def host(path: str = "/proc/cpuinfo") -> CpuInfo:
         return CpuInfo("unknown", "unknown", None, None, None, ())
 
 
+def _amx():
+    """kernels/amx.py, imported only when asked: it defines @njit functions, whose first one
+    fixes Numba's code generator for the process, so it must not load before force_path has
+    set the path's features (or a forced AVX2 path compiles to AVX-512 code where the host
+    has it: zmm registers, 32 of them)."""
+    from . import amx
+    return amx
+
+
 def force_path(env: dict | None = None) -> str | None:
     """Apply SPECDEC_KERNELS (from env, default os.environ) before any kernel compiles: the
     path's features for Numba, or the error check_path() raises.  Returns the path forced."""
@@ -144,22 +153,22 @@ def check_path() -> None:
     threading_layer.check()                        # SPECDEC_THREADING names a layer
     if "error" in _forced:
         raise ValueError(_forced["error"])
-    if _forced.get("path") == "amx" and not amx.available():
-        raise ValueError(f"{KERNELS_ENV}=amx: {amx.status()} ({host().model_name})")
+    if _forced.get("path") == "amx" and not _amx().available():
+        raise ValueError(f"{KERNELS_ENV}=amx: {_amx().status()} ({host().model_name})")
 
 
 def tiles() -> bool:
     """Whether the legacy quants' passes of many rows run on AMX tiles: only when forced
     (SPECDEC_KERNELS=amx) on a host that can; measured no faster than the VNNI paths under
     their exact per-block float contract, so not the default (docs/architecture.md, AMX)."""
-    return _forced.get("path") == "amx" and amx.available()
+    return _forced.get("path") == "amx" and _amx().available()
 
 
 def tiles_x16() -> bool:
     """Whether the interleaved K-quants' passes of many rows (kquants_x16) run on AMX tiles:
     on by default where the host can (their folded-scale tiles are several times the VNNI
     kernels, docs/architecture.md), off when SPECDEC_KERNELS forces vnni or avx2."""
-    return _forced.get("path") in (None, "amx") and amx.available()
+    return _forced.get("path") in (None, "amx") and _amx().available()
 
 
 def path() -> str:
@@ -179,7 +188,7 @@ def kernel_paths() -> dict[str, str]:
                     if tiles() else
                     "tiles: interleaved K-quants from 16 rows; the rest off unless SPECDEC_KERNELS=amx"
                     if tiles_x16() else "available, off (SPECDEC_KERNELS forces another path)"
-                    if amx.available() else amx.status()),
+                    if _amx().available() else _amx().status()),
             "kquants": "avx512-vnni 512-bit" if have_vnni512() else dot,
             "legacy": "avx512-vnni 256-bit" if have_vnni256() else dot,
             "fp16": "f16c" if have_f16c() else "exact software conversion",

@@ -58,3 +58,26 @@ def test_plain_avx2_and_one_row_no_dearer(model, name):
     rows = model["kquants"][name]
     assert all(r["evex"] == 0 for r in rows), rows
     assert rows[0]["m"] == 1 and rows[0]["cycles"] <= 1.02 * ONE_ROW_BEFORE[name], rows[0]
+
+
+PROBE = r"""
+import numpy as np
+from specdec.kernels import cpu, legacy
+from specdec.kernels.formats import Q4_0
+w, x, out = np.zeros((16, 18), np.uint8), np.ones((3, 32), np.float32), np.zeros((3, 16), np.float32)
+legacy.MATMUL[Q4_0](w, x, out)
+asm = "".join(legacy._tile_blocks.inspect_asm().values())
+print(cpu.path(), sum("zmm" in line or "%k" in line for line in asm.splitlines()))
+"""
+
+
+def test_forced_avx2_compiles_no_avx512(tmp_path):
+    """SPECDEC_KERNELS=avx2 on a host with AVX-512 compiles true AVX2 code (Numba's code
+    generator takes the path's features: cpu.force_path runs before the first @njit), so
+    the forced path on any host is the code a Zen 3 runs."""
+    if "avx2" not in cpu.host().flags:
+        pytest.skip("the host cannot compile the AVX2 path (not x86 with AVX2)")
+    env = {**os.environ, "SPECDEC_KERNELS": "avx2", "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, check=True)
+    assert done.stdout.split()[-2:] == ["avx2", "0"], done.stdout
