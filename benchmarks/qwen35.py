@@ -14,7 +14,7 @@ last rows of a recurrent state (a partial seq_rm fails), so each timed verificat
 M rows starts from a cache rebuilt by evaluating the n_past context again (not timed).
 
     python benchmarks/qwen35.py [--file ~/.cache/specdec/qwen35-2b-shape-q4_k.gguf]
-                                [--out benchmarks/results/qwen35.json] [--tiny]
+                                [--out benchmarks/results/zen5/qwen35.json] [--tiny]
 --tiny: a small file of the same layout (checks that the script runs; not a measurement).
 """
 from __future__ import annotations
@@ -144,7 +144,7 @@ def llamacpp(path: Path, pp: int, n_tg: int, ms, n_past: int, repeats: int) -> d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--file", type=Path, default=Path.home() / ".cache" / "specdec" / "qwen35-2b-shape-q4_k.gguf")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/qwen35.json"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/zen5/qwen35.json"))
     ap.add_argument("--tiny", action="store_true", help="a small file of the same layout (a dry run)")
     ap.add_argument("--pp", type=int, default=512, help="prompt tokens")
     ap.add_argument("--tg", type=int, default=32, help="decoded tokens per repeat")

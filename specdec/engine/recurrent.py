@@ -8,7 +8,9 @@ cache, so the state keeps what rolling it back needs, a few KB per row:
 - `base`: the delta-rule and conv states at position `start`, a copy that passes do not touch;
 - the log of the rows since: each row's conv inputs and its delta-rule inputs (q, k, v,
   decay, beta), over the last passes (at most WINDOW rows; past that, the base state moves
-  forward by folding in the oldest rows, keeping the last KEEP rows before the new pass);
+  forward by folding in the oldest rows, keeping the last KEEP rows before the new pass).
+  A pass of more than one row (a verification pass, a prompt) first moves base to its own
+  start (`settle`), so that rolling it back replays at most its own rows;
 - `cur`: the state after the last row, which each pass advances in place.
 
 Truncating to a position n >= start replays the log's first n - start rows from `base` with
@@ -32,6 +34,7 @@ from .resources import check_fits
 
 WINDOW = 48     # rows logged before the base state moves forward
 KEEP = 16       # rows the log keeps behind a new pass when it does
+REPLAY_MAX = 4  # settling more logged rows than this copies the state instead of replaying them
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,9 @@ class RecurrentState:
             self.replay(start - self.start)
         m = len(tokens)
         self.ids[start:start + m] = tokens
-        if self.log.m + m > WINDOW:
+        if m > 1 and self.log.m:              # a verification (or prompt) pass: base at its start,
+            self.settle()                     # so rolling it back replays its own rows only
+        elif self.log.m + m > WINDOW:
             self.advance(self.log.m - min(KEEP, self.log.m))
         need = max(WINDOW, self.log.m + m)
         if need > self.log.cap or self.log.cap > 2 * need:          # (a long prompt's pass: back to
@@ -149,6 +154,18 @@ class RecurrentState:
         self.conv[...] = self.conv0
         self._run(self.cur, self.conv, 0, r)
         self.log.m, self.dirty = r, False
+
+    def settle(self) -> None:
+        """base and conv0 move to the last row: the log's few rows folded in, or (more than
+        REPLAY_MAX of them) cur and conv copied, the same bits (the rows run in order in
+        either case), for less than the replay costs."""
+        if self.log.m <= REPLAY_MAX:
+            self.advance(self.log.m)
+            return
+        self.base[...] = self.cur
+        self.conv0[...] = self.conv
+        self.start += self.log.m
+        self.log.m = 0
 
     def advance(self, d: int) -> None:
         """base and conv0 move d rows forward (the log's first d rows folded in, then dropped)."""

@@ -104,11 +104,15 @@ def _same(a: tuple, b: tuple) -> bool:
     return a[0] == b[0] and all(np.array_equal(x, y) for x, y in zip(a[1:], b[1:]))
 
 
-def _rollbacks_exact(m, prompt, rows) -> bool:
-    """A pass over `rows` after the prompt, truncated to each prefix, holds bitwise the state
-    of one-row steps over that prefix, and the next row's logits agree."""
+def _rollbacks_exact(m, prompt, rows, lead=()) -> bool:
+    """A pass over `rows` after the prompt (and `lead`, fed one row at a time), truncated to
+    each prefix, holds bitwise the state of one-row steps over that prefix, and the next
+    row's logits agree."""
+    lead = list(lead)
     steps = m.session(64)
     steps.eval(prompt)
+    for t in lead:
+        steps.eval([t])
     want = [_snapshot(steps)]
     for t in rows:
         steps.eval([t])
@@ -116,12 +120,14 @@ def _rollbacks_exact(m, prompt, rows) -> bool:
     for k in range(len(rows) + 1):
         s = m.session(64)
         s.eval(prompt)
+        for t in lead:
+            s.eval([t])
         s.eval(rows)
-        s.truncate(len(prompt) + k)
+        s.truncate(len(prompt) + len(lead) + k)
         if not _same(_snapshot(s), want[k]):
             return False
         again = m.session(64)
-        again.eval(prompt + rows[:k])
+        again.eval(prompt + lead + rows[:k])
         if not np.array_equal(s.eval([rows[-1]]), again.eval([rows[-1]])):
             return False
     return True
@@ -129,6 +135,26 @@ def _rollbacks_exact(m, prompt, rows) -> bool:
 
 def test_rollback_to_any_prefix_is_one_row_steps_bitwise(q35):
     assert _rollbacks_exact(q35(Qwen35Spec(seed=5)), TOKENS[:6], [11, 2, 40, 7, 7, 19, 3])
+
+
+@pytest.mark.parametrize("n_lead", [2, recurrent.REPLAY_MAX + 3])
+def test_a_verification_pass_after_one_row_steps_rolls_back_bitwise(q35, n_lead):
+    """One-row steps, then a pass of several rows (a verification pass): the base state first
+    settles at the pass's start, by replaying the few logged rows or by copying the state
+    after more of them, and rolling the pass back to any prefix is still one-row steps."""
+    lead = [3, 9, 4, 8, 30, 12, 5][:n_lead]
+    assert _rollbacks_exact(q35(Qwen35Spec(seed=5)), TOKENS[:6], [11, 2, 40, 7, 19], lead=lead)
+
+
+def test_a_wrong_settle_is_caught(q35, monkeypatch):
+    """Settling the base state one row short (the copy taken but the position not moved)."""
+    def short(self):
+        self.base[...] = self.cur
+        self.conv0[...] = self.conv
+        self.start += self.log.m - 1
+        self.log.m = 1
+    monkeypatch.setattr(recurrent.RecurrentState, "settle", short)
+    assert not _rollbacks_exact(q35(Qwen35Spec(seed=5)), TOKENS[:6], [11, 2, 40, 7, 19], lead=[3, 9, 4, 8, 30, 12])
 
 
 def test_a_wrong_rollback_is_caught(q35, monkeypatch):
