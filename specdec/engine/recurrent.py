@@ -9,8 +9,9 @@ cache, so the state keeps what rolling it back needs, a few KB per row:
 - the log of the rows since: each row's conv inputs and its delta-rule inputs (q, k, v,
   decay, beta), over the last passes (at most WINDOW rows; past that, the base state moves
   forward by folding in the oldest rows, keeping the last KEEP rows before the new pass).
-  A pass of more than one row (a verification pass, a prompt) first moves base to its own
-  start (`settle`), so that rolling it back replays at most its own rows;
+  A pass of more than one row (a verification pass, a prompt), and the first pass after a
+  prompt's, first moves base to its own start (`settle`), so that rolling it back replays at
+  most its own rows;
 - `cur`: the state after the last row, which each pass advances in place.
 
 Truncating to a position n >= start replays the log's first n - start rows from `base` with
@@ -109,9 +110,9 @@ class RecurrentState:
             self.replay(start - self.start)
         m = len(tokens)
         self.ids[start:start + m] = tokens
-        if m > 1 and self.log.m:              # a verification (or prompt) pass: base at its start,
-            self.settle()                     # so rolling it back replays its own rows only
-        elif self.log.m + m > WINDOW:
+        if (m > 1 and self.log.m) or self.log.m > WINDOW:   # a verification (or prompt) pass, or
+            self.settle()           # the first after a prompt: base at its start, so rolling it
+        elif self.log.m + m > WINDOW:       # back replays its own rows only (not a prompt's)
             self.advance(self.log.m - min(KEEP, self.log.m))
         need = max(WINDOW, self.log.m + m)
         if need > self.log.cap or self.log.cap > 2 * need:          # (a long prompt's pass: back to
