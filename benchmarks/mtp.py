@@ -30,9 +30,8 @@ from specdec.api.drafting import AUTO_N_MAX, AUTO_VOCAB
 from specdec.engine.mtp_session import MTPModel, MTPSession, mtp_bytes
 from specdec.speculation import calibration
 from specdec.speculation.cost_model import Costs, model_rate
-from specdec.testing.synth_qwen35 import write_qwen35_model
 from common import machine_info, prompt_ids, write_json
-from qwen35 import SHAPE_2B, TINY
+from qwen35 import model_file
 
 ALPHAS = (0.6, 0.7, 0.8, 0.9)
 
@@ -85,19 +84,14 @@ def timed_steps(m, vocab: int, n_past: int, repeats: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--file", type=Path, default=Path.home() / ".cache" / "specdec" / "qwen35-2b-shape-q4_k.gguf")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/mtp.json"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/zen5/mtp.json"))
     ap.add_argument("--tiny", action="store_true", help="a small file of the same layout (a dry run)")
     ap.add_argument("--bytes-only", action="store_true", help="the deterministic figures only: nothing timed")
     ap.add_argument("--draft-vocab", type=int, default=AUTO_VOCAB, help="the MTP head's ids (the defaults')")
     ap.add_argument("--n-past", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
-    spec = TINY if a.tiny else SHAPE_2B
-    path = a.file.with_name(a.file.stem + "-tiny.gguf") if a.tiny else a.file
-    if not path.exists():
-        print(f"writing {path} ...", flush=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_qwen35_model(path, spec)
+    _, path = model_file(a.file, a.tiny)
     m = specdec.load(path, n_ctx=a.n_past + 64)
     vocab = min(a.draft_vocab, m.config.n_vocab)
     tb, mb, mb_full = step_bytes(m), mtp_bytes(m.weights, vocab), mtp_bytes(m.weights)

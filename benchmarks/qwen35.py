@@ -141,6 +141,17 @@ def llamacpp(path: Path, pp: int, n_tg: int, ms, n_past: int, repeats: int) -> d
             "verify_ms": {str(k): round(v, 2) for k, v in curve.items()}}
 
 
+def model_file(file: Path, tiny: bool):
+    """(spec, path) of the 2B-shaped file (or --tiny's), written once where it is missing."""
+    spec = TINY if tiny else SHAPE_2B
+    path = file.with_name(file.stem + "-tiny.gguf") if tiny else file
+    if not path.exists():
+        print(f"writing {path} ...", flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_qwen35_model(path, spec)
+    return spec, path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--file", type=Path, default=Path.home() / ".cache" / "specdec" / "qwen35-2b-shape-q4_k.gguf")
@@ -151,12 +162,7 @@ def main() -> None:
     ap.add_argument("--n-past", type=int, default=128, help="cached tokens before each verification pass")
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    spec = TINY if a.tiny else SHAPE_2B
-    path = a.file.with_name(a.file.stem + "-tiny.gguf") if a.tiny else a.file
-    if not path.exists():
-        print(f"writing {path} ...", flush=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_qwen35_model(path, spec)
+    spec, path = model_file(a.file, a.tiny)
     ms = list(range(1, 10))
     args = (path, a.pp, a.tg, ms, a.n_past, a.repeats)
     theirs = llamacpp(*args)                      # first: its process-wide state stays out of ours

@@ -197,16 +197,7 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
         w.add_value_length(Dh)
         w.add_sliding_window(spec.sliding_window or 4)
     meta = tokenizer_metadata(spec)
-    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
-    w.add_token_list(meta["tokenizer.ggml.tokens"])
-    w.add_token_types(meta["tokenizer.ggml.token_type"])
-    w.add_token_merges(meta["tokenizer.ggml.merges"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(V - 1)
-    w.add_add_bos_token(False)
-    if spec.chat_template is not None:
-        w.add_chat_template(spec.chat_template)
+    add_tokenizer(w, meta, V, spec.chat_template)
 
     def mat(name, n_out, n_in, std, qtype=None, n_stack=0):
         """(N, K) weights of qtype (spec.qtype), or n_stack of them as one (E, N, K) tensor."""
@@ -285,3 +276,17 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def add_tokenizer(w: gguf.GGUFWriter, meta: dict, n_vocab: int, chat_template: str | None) -> None:
+    """The tokenizer's keys (tokenizer_metadata's), bos 0 and eos the last id, no added bos."""
+    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    w.add_token_merges(meta["tokenizer.ggml.merges"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(n_vocab - 1)
+    w.add_add_bos_token(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)

@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from .synth import _KQUANT_SCALES, TinySpec, _random_kquant, tokenizer_metadata
+from .synth import _KQUANT_SCALES, TinySpec, _random_kquant, add_tokenizer, tokenizer_metadata
 
 
 @dataclass(frozen=True)
@@ -178,13 +178,4 @@ def _write_metadata(w: gguf.GGUFWriter, spec: Qwen35Spec, a: str) -> None:
     if spec.nextn:
         w.add_uint32(f"{a}.nextn_predict_layers", 1)
     meta = tokenizer_metadata(TinySpec(n_vocab=V, merges=spec.merges))
-    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
-    w.add_token_list(meta["tokenizer.ggml.tokens"])
-    w.add_token_types(meta["tokenizer.ggml.token_type"])
-    w.add_token_merges(meta["tokenizer.ggml.merges"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(V - 1)
-    w.add_add_bos_token(False)
-    if spec.chat_template is not None:
-        w.add_chat_template(spec.chat_template)
+    add_tokenizer(w, meta, V, spec.chat_template)
