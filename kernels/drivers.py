@@ -19,7 +19,8 @@ keys the cache on the source file that defines it.  A closure over the kernel ca
 cached (its key would pickle the kernel, whose id is new in every process), and a driver in
 another file than its kernel would not be recompiled when the kernel's IR changes.  So each
 driver is compiled from this template *as code of the kernel's own module*: its globals are
-the module's, its file name the module's file, and an edit of the kernel invalidates it.
+the module's, its file name the module's file (and cache.py keys the cache on every file of
+the folder, so an edit of an emitter the kernel uses invalidates it too).
 Every driver is compiled once per process at its first call (or read from the cache).
 A hand-written factory of cached functions closing over intrinsics (the AMX drivers) names
 its intrinsics with ``keyed`` instead, for the same reason.

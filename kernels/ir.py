@@ -6,10 +6,8 @@ conversion, prefetch, fused multiply-add, ``vpdpbusd`` (with a portable fallback
 instructions its docstring names, in that order, so a kernel written with them is the code
 its author wrote.  ``builder`` is always an ``llvmlite.ir.IRBuilder``.
 
-Numba's on-disk cache keys a compiled function on its own source file only: the drivers in
-the ``*_ir.py`` files are recompiled when their file changes, not when this one does.  After
-editing this file, clear the caches (the ``__pycache__`` folders of kernels/, or the folder
-``NUMBA_CACHE_DIR`` names).
+Numba's on-disk cache is keyed on every file of this folder (cache.py): an edit here
+recompiles the kernels that use it.
 """
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ returns its unsigned codes as four vectors V_k (k = 0…3) of 16 int32 lanes, la
 the values 16L+4k … 16L+4k+3 of scale group L (one byte each: Q8_K's lane-major order, see
 q8k.py), the integer scales sc (and mins mn) of the 16 groups as <16 x i32> lanes and the
 float super-block scales d (and dmin): the parts of reference.kquant_parts, in registers.
-``DECODERS``: the GGUF blocks (ggml's dequantize_row_qX_K).  Numba caches a driver on its own
-file only: after editing this file clear the caches of kernels/ (as for ir.py).
+``DECODERS``: the GGUF blocks (ggml's dequantize_row_qX_K).
 """
 from __future__ import annotations
 

@@ -26,8 +26,8 @@ the blocks or the thread count.  acc_r lives in out (zeroed per tile), so M is n
 the registers.  Arrays as kquants_x16_ir's, except Q6_K's xbs: the raw int16 (nb, M, 16)
 per-16 sums (SETUP).
 
-Its drivers are compiled as code of kquants_x16_ir.py (drivers.py), and Numba's cache keys
-them on that file only: after editing this one, touch kquants_x16_ir.py (or clear the caches).
+Its drivers are compiled as code of kquants_x16_ir.py (drivers.py); the cache is keyed on the
+whole folder (cache.py), so an edit here recompiles them.
 """
 from __future__ import annotations
 
