@@ -7,8 +7,7 @@ this folder).  Every kernel is ``@njit(cache=True, nogil=True)``; the matmul ker
 Modules (kernels/README.md maps format × layout × path × M to each function and its test):
 registry (each weight array's kernels, bound at load), cpu (the CPU and the instruction path),
 drivers (the one factory of prange drivers), cache (Numba's cache keyed on the whole folder),
-formats (the table of GGML format facts), ir (the
-LLVM IR helpers of the ``*_ir.py`` files), reference (the plain NumPy statement of every
+formats (the table of GGML format facts), ir (the LLVM IR helpers of the ``*_ir.py`` files), reference (the plain NumPy statement of every
 kernel), records (the legacy quants' 8-row record fields), legacy / legacy_ir / repack /
 legacy_amx (Q4_0 … Q8_0, F32, F16, BF16), kquants / kquants_ir / kquants_decode /
 kquants_dequant / kquants_x16 / kquants_x16_ir / kquants_x16_avx2 / kquants_x16_amx / q8k

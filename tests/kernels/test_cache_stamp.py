@@ -41,4 +41,5 @@ def test_functions_elsewhere_keep_numbas_own_locator(tmp_path):
     locator = FunctionCache(njit(cache=True)(ns["g"]).py_func)._impl.locator
     assert not isinstance(locator, cache._FolderStamp)
     from numba.core import caching
-    assert sum(issubclass(c, cache._FolderStamp) for c in (getattr(caching, 'CacheImpl', None) or caching._CacheImpl)._locator_classes) == 3
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+    assert sum(issubclass(c, cache._FolderStamp) for c in impl._locator_classes) == 3
