@@ -7,19 +7,18 @@ this folder).  Every kernel is ``@njit(cache=True, nogil=True)``; the matmul ker
 Modules (kernels/README.md maps format × layout × path × M to each function and its test):
 registry (each weight array's kernels, bound at load), cpu (the CPU and the instruction path),
 drivers (the one factory of prange drivers), cache (Numba's cache keyed on the whole folder),
-formats (the table of GGML format facts), ir (the LLVM IR helpers of the ``*_ir.py`` files), reference (the plain NumPy statement of every
-kernel), records (the legacy quants' 8-row record fields), legacy / legacy_ir / repack /
-legacy_amx (Q4_0 … Q8_0, F32, F16, BF16), kquants / kquants_ir / kquants_decode /
-kquants_dequant / kquants_x16 / kquants_x16_ir / kquants_x16_avx2 / kquants_x16_amx / q8k
-(K-quants; kquants_x16_avx2 the interleaved layout's AVX2 code), amx (AMX tiles: permission,
-tile configuration, inline assembly), experts (mixture-of-experts passes), iquants (IQ4_NL,
-IQ4_XS, MXFP4: their own kernels, and the layouts made at load: Q8_0 rows, IQ4_XS expanded),
-quantize (requantization at load: any tensor to Q4_0, Q5_0 or Q8_0 rows), float_act /
-dequant_ir (float activations; dequant_ir's
-block decoders also serve the row lookup), q8_act (Q8_0 / Q8_1 activations), attention /
-attention_ir / attention_tree (the tree mask), delta_rule (Gated DeltaNet's conv and delta
-rule), ops (norms, RoPE, activations), threading_layer (Numba's threading layer), checks
-(argument checks).
+formats (the table of GGML format facts), ir (the LLVM IR helpers of the ``*_ir.py`` files),
+reference (the plain NumPy statement of every kernel), records (the legacy quants' 8-row record
+fields), legacy / legacy_ir / repack / legacy_amx (Q4_0 … Q8_0, F32, F16, BF16), kquants /
+kquants_ir / kquants_decode / kquants_dequant / kquants_x16 / kquants_x16_ir / kquants_x16_avx2
+/ kquants_x16_amx / q8k (K-quants; kquants_x16_avx2 the interleaved layout's AVX2 code), amx
+(AMX tiles: permission, tile configuration, inline assembly), experts (mixture-of-experts
+passes), iquants (IQ4_NL, IQ4_XS, MXFP4: their own kernels, and the layouts made at load: Q8_0
+rows, IQ4_XS expanded), quantize (requantization at load: any tensor to Q4_0, Q5_0 or Q8_0
+rows), float_act / dequant_ir (float activations; dequant_ir's block decoders also serve the
+row lookup), q8_act (Q8_0 / Q8_1 activations), attention / attention_ir / attention_tree (the
+tree mask), delta_rule (Gated DeltaNet's conv and delta rule), ops (norms, RoPE, activations),
+threading_layer (Numba's threading layer), checks (argument checks).
 
 Contract of the quantized matmul kernels (``matmul``):
     w    the raw tensor data exactly as stored in the GGUF file, zero-copy:
