@@ -128,9 +128,10 @@ def store_at(builder, val, base, off, align: int = 1) -> None:
     builder.store(val, ptr, align=align)
 
 
-def load_bytes(builder, p, byte_off: int, ty: ir.Type):
-    """Unaligned load of ``ty`` at the constant byte offset ``byte_off`` of the i8* ``p``."""
-    return builder.load(builder.gep(p, [I64(byte_off)], source_etype=I8), typ=ty, align=1)
+def load_bytes(builder, p, byte_off: int, ty: ir.Type, align: int = 1):
+    """Load of ``ty`` at the constant byte offset ``byte_off`` of the i8* ``p`` (unaligned
+    unless ``align`` says otherwise)."""
+    return builder.load(builder.gep(p, [I64(byte_off)], source_etype=I8), typ=ty, align=align)
 
 
 def prefetch(builder, p, locality: int = 3) -> None:
@@ -337,6 +338,13 @@ def fence(builder, values=(), memory: bool = True):
     builder.call(ir.InlineAsm(void, "", "~{memory}" if memory else "", side_effect=True), [])
     return [builder.call(ir.InlineAsm(ir.FunctionType(v.type, [v.type]), "", "=x,0", side_effect=True), [v])
             for v in values]
+
+
+def escape(builder, p) -> None:
+    """An empty ``asm sideeffect`` that takes the pointer p and clobbers memory: LLVM must keep
+    what p points to in memory (a stack buffer it would otherwise promote to registers)."""
+    fn = ir.FunctionType(ir.VoidType(), [p.type])
+    builder.call(ir.InlineAsm(fn, "", "r,~{memory}", side_effect=True), [p])
 
 
 # ------------------------------------------------------------------- control flow

@@ -35,7 +35,7 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from .formats import Q4_K, Q5_K, Q6_K, QK_K
-from .ir import (F32, I8, I16, I32, I64, V8F32, V8I32, f16_to_f32, fence, load_bytes, prefetch, splat,
+from .ir import (F32, I8, I16, I32, I64, V8F32, V8I32, escape, f16_to_f32, fence, load_bytes, prefetch, splat,
                  switch_static, vector_type)
 
 ROWS = 16
@@ -43,11 +43,13 @@ RECORD = {Q4_K: 2368, Q5_K: 2880, Q6_K: 3392}      # as kquants_x16.RECORD
 QS_AT = {Q4_K: 320, Q5_K: 832, Q6_K: 1344}
 U_MAX = {Q4_K: 15, Q5_K: 31, Q6_K: 63}
 MAX_STATIC_M = 17       # one path per M up to this, its row blocks unrolled
-ROW_BLOCK = 4           # activation rows per register block (2 · 4 + 5 of the 16 ymm)
+ROW_BLOCK = 6           # activation rows per register block (half by half: 2 · 6 + 4 of the 16 ymm)
 ROW_CHUNK_BYTES = 192 << 10   # M > MAX_STATIC_M: rows per chunk so their Q8_K codes fit this (L2)
 SHARED_WORDS = {Q4_K: True, Q5_K: True, Q6_K: False}   # both halves in one pass over the words (each
 #                         broadcast once) or half by half: the fewer modelled cycles (llvm-mca, znver3)
 FENCE_WORDS = True      # a fence after each word: its codes and broadcasts are not hoisted
+DECODE_ONCE = {Q4_K: True, Q5_K: True, Q6_K: True}   # passes of several row blocks: a record's codes
+#                         decoded once into a stack scratch, each block loading them (else: each block decodes)
 PREFETCH_RECORDS = 2    # records ahead, a few lines before each unit of the first block (prefetcht2)
 SETUP = {Q4_K: "xbs = _bsum_pairs(xbs)", Q5_K: "xbs = _bsum_pairs(xbs)", Q6_K: "pass"}
 
@@ -82,8 +84,8 @@ def _pairs(builder, lo, hi):
 class _Half:
     """Lanes 8h … 8h+7 (weight rows) of the record at the i8* p."""
 
-    def __init__(self, builder, p, qtype: int, h: int, f16c: bool):
-        self.b, self.p, self.qtype, self.h = builder, p, qtype, h
+    def __init__(self, builder, p, qtype: int, h: int, f16c: bool, scratch=None):
+        self.b, self.p, self.qtype, self.h, self.scratch = builder, p, qtype, h, scratch
         if qtype == Q6_K:
             self.d = load_bytes(builder, p, 32 * h, V8F32)
         else:
@@ -109,7 +111,29 @@ class _Half:
         return (self.b.sext if signed else self.b.zext)(v, V8I32)
 
     def codes(self, c: int, hn: int, t: int):
-        """Codes u of values 64c + 32hn + 4t + i (kquants_x16's record), <8 x i32>."""
+        """Codes u of values 64c + 32hn + 4t + i (kquants_x16's record), <8 x i32>: decoded,
+        or loaded from the scratch decode_codes filled."""
+        if self.scratch is not None:
+            return load_bytes(self.b, self.scratch, 32 * (64 * self.h + 16 * c + 8 * hn + t), V8I32, 32)
+        return self.decode(c, hn, t)
+
+    def decode_codes(self, scratch) -> "_Half":
+        """This half's 64 code vectors decoded once into scratch (i8*, 4 KB for both halves,
+        32-byte aligned) -> the half that reads them there.  The scratch is passed to a fence,
+        so LLVM keeps it in memory (promoted to registers, the codes would spill)."""
+        for c in range(4):
+            for hn in range(2):
+                for t in range(8):
+                    at = 32 * (64 * self.h + 16 * c + 8 * hn + t)
+                    dst = self.b.bitcast(self.b.gep(scratch, [I64(at)], source_etype=I8), V8I32.as_pointer())
+                    self.b.store(self.decode(c, hn, t), dst, align=32)
+        escape(self.b, scratch)
+        half = _Half.__new__(_Half)
+        half.__dict__.update(self.__dict__, scratch=scratch)
+        return half
+
+    def decode(self, c: int, hn: int, t: int):
+        """The code vector of codes(c, hn, t), decoded from the record."""
         b, q = self.b, self.qtype
         lo = self.vec(QS_AT[q] + 64 * (8 * c + t))
         if hn:
@@ -232,17 +256,32 @@ def _ahead(qtype: int) -> list[int]:
     return [PREFETCH_RECORDS * RECORD[qtype] + line for line in range(0, RECORD[qtype], 64)]
 
 
-def _record(builder, qtype, f16c, wp, x, out, t, blk, row_blocks, fetch: bool = True) -> None:
+def _record(builder, qtype, f16c, wp, x, out, t, blk, row_blocks, fetch: bool = True,
+            scratch=None, halves=None) -> None:
     """Every row block of row_blocks (lists of i64 rows) over record (t, blk); fetch: its
-    first block prefetches the record PREFETCH_RECORDS ahead, a few lines per unit."""
+    first block prefetches the record PREFETCH_RECORDS ahead, a few lines per unit.  With
+    more than one block (and a scratch), the record's codes are decoded once into the
+    scratch and each block loads them (DECODE_ONCE); halves: already so decoded."""
     p = _record_ptr(builder, qtype, wp, x, t, blk)
     ahead = _ahead(qtype) if fetch else []
-    halves = [_Half(builder, p, qtype, h, f16c) for h in range(2)]
+    if halves is None:
+        halves = [_Half(builder, p, qtype, h, f16c) for h in range(2)]
+        if scratch is not None and len(row_blocks) > 1 and DECODE_ONCE[qtype]:
+            halves = [h.decode_codes(scratch) for h in halves]
     col = builder.mul(t, I64(ROWS))
     groups = [halves] if SHARED_WORDS[qtype] else [[h] for h in halves]
     for k, hs in enumerate(groups):
         for i, ms in enumerate(row_blocks):
             emit_block(builder, hs, x, blk, ms, out, col, ahead if i == 0 and k == 0 else [])
+
+
+def _scratch(builder):
+    """A 32-byte aligned 4 KB stack buffer (i8*) in the function's entry block, not zeroed:
+    one record's decoded codes (_Half.decode_codes)."""
+    with builder.goto_entry_block():
+        buf = builder.alloca(ir.ArrayType(I8, 64 * 32 * 2))
+        buf.align = 32
+    return builder.bitcast(buf, I8.as_pointer())
 
 
 def _zero_rows(builder, out, x, t, m_lo, m_hi) -> None:
@@ -260,6 +299,8 @@ def emit_chunk(builder, qtype, vnni, f16c, wp, x, out, N, c, n_chunks) -> None:
     lo = builder.sdiv(builder.mul(c, n_tiles), n_chunks)
     hi = builder.sdiv(builder.mul(builder.add(c, I64(1)), n_tiles), n_chunks)
 
+    scratch = _scratch(builder)
+
     def static(k: int):
         rows, at = [], 0
         for n in blocks_of(k):
@@ -268,19 +309,20 @@ def emit_chunk(builder, qtype, vnni, f16c, wp, x, out, N, c, n_chunks) -> None:
         with cgutils.for_range_slice(builder, lo, hi, I64(1)) as (t, _):
             _zero_rows(builder, out, x, t, I64(0), I64(k))
             with cgutils.for_range(builder, x.nblk) as blk:
-                _record(builder, qtype, f16c, wp, x, out, t, blk.index, rows)
+                _record(builder, qtype, f16c, wp, x, out, t, blk.index, rows, scratch=scratch)
 
     with builder.if_else(builder.icmp_signed("<=", x.M, I64(MAX_STATIC_M))) as (few, many):
         with few:
             switch_static(builder, x.M, MAX_STATIC_M, static, "avx2_m")
         with many:
-            _many_rows(builder, qtype, f16c, wp, x, out, lo, hi)
+            _many_rows(builder, qtype, f16c, wp, x, out, lo, hi, scratch)
 
 
-def _many_rows(builder, qtype, f16c, wp, x, out, lo, hi) -> None:
+def _many_rows(builder, qtype, f16c, wp, x, out, lo, hi, scratch) -> None:
     """M > MAX_STATIC_M: chunks of rows whose codes fit ROW_CHUNK_BYTES; per chunk, every
-    tile and record once, with all the chunk's rows in blocks of ROW_BLOCK (the last block
-    of k < ROW_BLOCK rows on a path of its own)."""
+    tile and record once, its codes decoded once into the scratch (DECODE_ONCE), with all
+    the chunk's rows in blocks of ROW_BLOCK (the last block of k < ROW_BLOCK rows on a path
+    of its own)."""
     bb = builder
     per = bb.udiv(I64(ROW_CHUNK_BYTES), bb.mul(x.nblk, I64(QK_K + 32)))
     per = bb.mul(bb.udiv(per, I64(ROW_BLOCK)), I64(ROW_BLOCK))
@@ -295,10 +337,13 @@ def _many_rows(builder, qtype, f16c, wp, x, out, lo, hi) -> None:
                 p = _record_ptr(bb, qtype, wp, x, t, blk.index)
                 for at in _ahead(qtype):               # once per record, not per block of rows
                     prefetch(bb, bb.gep(p, [I64(at)], source_etype=I8), 1)
+                halves = [_Half(bb, p, qtype, h, f16c) for h in range(2)]
+                if DECODE_ONCE[qtype]:
+                    halves = [h.decode_codes(scratch) for h in halves]
+
+                def rows_of(g0, k):
+                    _record(bb, qtype, f16c, wp, x, out, t, blk.index, [[bb.add(g0, I64(j)) for j in range(k)]],
+                            fetch=False, halves=halves)
                 with cgutils.for_range_slice(bb, m0, full, I64(ROW_BLOCK)) as (g0, _):
-                    _record(bb, qtype, f16c, wp, x, out, t, blk.index,
-                            [[bb.add(g0, I64(j)) for j in range(ROW_BLOCK)]], fetch=False)
-                switch_static(bb, bb.sub(m1, full), ROW_BLOCK - 1,
-                              lambda k: _record(bb, qtype, f16c, wp, x, out, t, blk.index,
-                                                [[bb.add(full, I64(j)) for j in range(k)]], fetch=False),
-                              "avx2_tail")
+                    rows_of(g0, ROW_BLOCK)
+                switch_static(bb, bb.sub(m1, full), ROW_BLOCK - 1, lambda k: rows_of(full, k), "avx2_tail")
