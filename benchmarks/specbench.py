@@ -83,6 +83,11 @@ def specdec_options(method: str, draft, store):
 def run_specdec(method: str, target, draft, qs: list[dict], max_tokens: int) -> list[dict]:
     import specdec
     store = specdec.SuffixStore() if method == "suffix" else None
+    # untimed: the method's passes once (the draft's kernels, the verification paths: their
+    # first calls compile or load machine code), with a store of its own
+    warm = specdec.SuffixStore() if method == "suffix" else None
+    specdec.Conversation(target, draft=specdec_options(method, draft, warm), temperature=0.0).say(
+        "Repeat: one two three, one two three, one two three.", 24)
     rows = []
     for q in qs:
         conv = specdec.Conversation(target, draft=specdec_options(method, draft, store), temperature=0.0)

@@ -11,8 +11,10 @@ broadcast once; or half by half); ``ir.fence`` after each word pins the sums so 
 neither hoists the next word's loads nor sinks a row's products (both spilled).  The record
 (2.3-3.3 KB) stays in L1 while every block of rows passes over it: the weights are read from
 memory once per pass for any M ≤ MAX_STATIC_M, and above it once per chunk of rows whose
-codes fit ROW_CHUNK_BYTES (they stay in L2).  Per (half, block, unit j), Q8_K codes as in
-q8k.py:
+codes fit ROW_CHUNK_BYTES (they stay in L2).  Where more than one block passes over a record,
+its code vectors are decoded once into a 4 KB stack scratch and each block loads them
+(DECODE_ONCE: a Q6_K code vector is ~7 instructions to decode, one load to reuse).  Per
+(half, block, unit j), Q8_K codes as in q8k.py:
 
     pairs_r = Σ_{g words} vpmaddubsw(codes, word_r)     int16: g · 2 · u_max · 127 < 2^15
     isum_r += vpmaddwd(pairs_r, (sc_j, sc_j))           the unit's scale rides in vpmaddwd
