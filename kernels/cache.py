@@ -31,11 +31,17 @@ def stamp(folder: str = HERE) -> str:
 _stamp = functools.lru_cache(maxsize=1)(stamp)
 
 
+def code_stamp() -> str:
+    """stamp() of this folder, computed once per process: the identity of the kernels' code
+    (also in the key of a model's calibrated pass costs: new kernels, new costs)."""
+    return _stamp()
+
+
 class _FolderStamp:
     """A Numba locator mixin: found for the functions of this folder only, stamped with stamp()."""
 
     def get_source_stamp(self):
-        return _stamp()
+        return code_stamp()
 
     @classmethod
     def from_function(cls, py_func, py_file):

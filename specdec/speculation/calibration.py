@@ -12,7 +12,8 @@ cached as JSON:
 
 key = SHA-256 of the model file's path, size and mtime, how it was loaded (requantized layers,
 the logits a session computes), the host's CPU (model name and SIMD flags), the kernels' path
-(SPECDEC_KERNELS) and CALIBRATION_VERSION.  A file whose key, version
+(SPECDEC_KERNELS), the kernels' code (kernels/cache.py's stamp of their files: a table measured
+on other kernels is stale) and CALIBRATION_VERSION.  A file whose key, version
 or fields do not check out is measured again and rewritten (written under a temporary name and
 renamed: atomic).  `Drift` watches the verification passes a request really makes: when they
 drift from the table by more than DRIFT_MARGIN for DRIFT_STEPS steps in a row (either way),
@@ -38,7 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import ConfigError
-from ..kernels import cpu
+from ..kernels import cache as kernel_code, cpu
 
 CALIBRATION_VERSION = 3    # 3: a table t(M) per pass size (2: one slope; its files are stale)
 ENV = "SPECDEC_CALIBRATE"       # "0" / "off" / "false": never measure, use the prior
@@ -174,12 +175,13 @@ def root() -> Path:
 
 def cache_key(path: str, variant: str = "") -> str:
     """The identity a calibration holds for: the file, how it was loaded (variant), the host's
-    CPU, the kernels' path."""
+    CPU, the kernels' path and code."""
     st = os.stat(path)
     h = cpu.host()
     simd = sorted(f for f in h.flags if f.startswith(cpu.SIMD_PREFIXES))
     parts = [str(CALIBRATION_VERSION), os.path.abspath(path), str(st.st_size), str(st.st_mtime_ns),
-             variant, h.model_name, ",".join(simd), os.environ.get(cpu.KERNELS_ENV, ""), str(os.cpu_count())]
+             variant, h.model_name, ",".join(simd), os.environ.get(cpu.KERNELS_ENV, ""), str(os.cpu_count()),
+             kernel_code.code_stamp()]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 

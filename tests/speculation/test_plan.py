@@ -66,6 +66,10 @@ def test_calibration_cache_is_written_read_and_invalidated(tmp_path, monkeypatch
         other = "vnni" if os.environ.get("SPECDEC_KERNELS") == "avx2" else "avx2"
         monkeypatch.setenv("SPECDEC_KERNELS", other)                       # another kernels path
         assert calibration.cache_key(m.path) != now
+        monkeypatch.delenv("SPECDEC_KERNELS")
+        now = calibration.cache_key(m.path)
+        monkeypatch.setattr(calibration.kernel_code, "code_stamp", lambda: "other kernels")
+        assert calibration.cache_key(m.path) != now                        # the kernels' code changed
     finally:
         os.utime(m.path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert PassCosts.from_json(costs.to_json("k"), "other") is None          # another key: not trusted
