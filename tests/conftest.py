@@ -58,3 +58,14 @@ def _load_real(model_id: str):
 def real_model():
     """real_model(model_id) -> specdec.Model (loaded once per test session)."""
     return _load_real
+
+
+@pytest.fixture(scope="session")
+def qwen35_file(tiny_dir):
+    """qwen35_file(Qwen35Spec(...)) -> the path of its synthetic qwen35 file, written once per spec."""
+    from specdec.testing.synth_qwen35 import write_qwen35_model
+
+    @lru_cache(maxsize=None)
+    def make(spec):
+        return write_qwen35_model(tiny_dir / f"qwen35-{abs(hash(spec))}.gguf", spec)
+    return make

@@ -166,6 +166,41 @@ def llama3_rope_factors(d_head: int, factor: float = 8.0, low: float = 1.0, high
     return out.astype(np.float32)
 
 
+def tensor_writers(w: gguf.GGUFWriter, rng: np.random.Generator, file_qtype: int, centered: bool = False,
+                   draw_all: bool = True):
+    """-> (mat, vec): the writers of random tensors into w, drawing from rng in call order.
+
+    mat(name, n_out, n_in, std, qtype=None, n_stack=0): (N, K) weights of qtype (default: the
+    file's), or n_stack of them as one (E, N, K) tensor; the K-quants as random codes and
+    scales (_random_kquant), the rest drawn from N(0, std²) and quantized.  vec(name, n,
+    around=1.0, std=0.1): a float32 vector.  draw_all: a single K-quant matrix first draws the
+    float values it does not use, as the files recorded in tests/data/reference were written
+    (their SHA-256 hold the writer to it); qwen35's files do not."""
+    def mat(name, n_out, n_in, std, qtype=None, n_stack=0):
+        lead = (n_stack,) if n_stack else ()
+        qt = T(file_qtype if qtype is None else qtype)
+        if qt in _KQUANT_SCALES and (n_stack or not draw_all):   # random codes: no values to draw
+            raw = _random_kquant(rng, max(n_stack, 1) * n_out, n_in, qt, std, centered).reshape(*lead, n_out, -1)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
+            return
+        x = (rng.standard_normal((*lead, n_out, n_in)) * std).astype(np.float32)   # ([E,] N, K)
+        if qt == T.F32:
+            w.add_tensor(name, x)
+        elif qt == T.F16:
+            w.add_tensor(name, x.astype(np.float16))
+        elif qt in _KQUANT_SCALES:
+            raw = _random_kquant(rng, n_out, n_in, qt, std, centered)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
+        else:
+            raw = (quantize_iq4(x.reshape(-1, n_in), qt).reshape(*lead, n_out, -1) if qt in (T.IQ4_NL, T.IQ4_XS)
+                   else gguf.quants.quantize(x, qt))
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
+
+    def vec(name, n, around=1.0, std=0.1):
+        w.add_tensor(name, (around + rng.standard_normal(n) * std).astype(np.float32))
+    return mat, vec
+
+
 def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     """Write a random-weight model to `path` and return it."""
     rng = np.random.default_rng(spec.seed)
@@ -199,29 +234,7 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     meta = tokenizer_metadata(spec)
     add_tokenizer(w, meta, V, spec.chat_template)
 
-    def mat(name, n_out, n_in, std, qtype=None, n_stack=0):
-        """(N, K) weights of qtype (spec.qtype), or n_stack of them as one (E, N, K) tensor."""
-        lead = (n_stack,) if n_stack else ()
-        qt = T(spec.qtype if qtype is None else qtype)
-        if n_stack and qt in _KQUANT_SCALES:          # random codes: no values to draw
-            raw = _random_kquant(rng, n_stack * n_out, n_in, qt, std, spec.centered).reshape(n_stack, n_out, -1)
-            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
-            return
-        x = (rng.standard_normal((*lead, n_out, n_in)) * std).astype(np.float32)   # ([E,] N, K)
-        if qt == T.F32:
-            w.add_tensor(name, x)
-        elif qt == T.F16:
-            w.add_tensor(name, x.astype(np.float16))
-        elif qt in _KQUANT_SCALES:
-            raw = _random_kquant(rng, n_out, n_in, qt, std, spec.centered)
-            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
-        else:
-            raw = (quantize_iq4(x.reshape(-1, n_in), qt).reshape(*lead, n_out, -1) if qt in (T.IQ4_NL, T.IQ4_XS)
-                   else gguf.quants.quantize(x, qt))
-            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
-
-    def vec(name, n, around=1.0, std=0.1):
-        w.add_tensor(name, (around + rng.standard_normal(n) * std).astype(np.float32))
+    mat, vec = tensor_writers(w, rng, spec.qtype, spec.centered)
 
     mat("token_embd.weight", V, D, 1.0)
     if not spec.tied:

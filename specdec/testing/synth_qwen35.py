@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from .synth import _KQUANT_SCALES, TinySpec, _random_kquant, add_tokenizer, tokenizer_metadata
+from .synth import TinySpec, add_tokenizer, tensor_writers, tokenizer_metadata
 
 
 @dataclass(frozen=True)
@@ -66,25 +66,7 @@ def write_qwen35_model(path: str | Path, spec: Qwen35Spec = Qwen35Spec()) -> Pat
     _write_metadata(w, spec, a)
     E, Fe, Fs = spec.n_expert, spec.d_ff_exp or F, spec.d_ff_shexp or F
 
-    def mat(name, n_out, n_in, std, qtype=None, n_stack=0):
-        """(N, K) weights of qtype (spec.qtype), or n_stack of them as one (E, N, K) tensor."""
-        qt = T(spec.qtype if qtype is None else qtype)
-        lead = (n_stack,) if n_stack else ()
-        if qt in _KQUANT_SCALES:
-            raw = _random_kquant(rng, max(n_stack, 1) * n_out, n_in, qt, std).reshape(*lead, n_out, -1)
-            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
-            return
-        x = (rng.standard_normal((*lead, n_out, n_in)) * std).astype(np.float32)  # ([E,] N, K)
-        if qt == T.F32:
-            w.add_tensor(name, x)
-        elif qt == T.F16:
-            w.add_tensor(name, x.astype(np.float16))
-        else:
-            raw = gguf.quants.quantize(x, qt)
-            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
-
-    def vec(name, n, around=1.0, std=0.1):
-        w.add_tensor(name, (around + rng.standard_normal(n) * std).astype(np.float32))
+    mat, vec = tensor_writers(w, rng, spec.qtype, draw_all=False)
 
     def attention(p):
         mat(p + "attn_q.weight", 2 * H * Dh, D, 1 / np.sqrt(D))

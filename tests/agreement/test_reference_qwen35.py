@@ -26,17 +26,16 @@ token per pass) and compares the log-probabilities of every token at every posit
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import specdec
 import specdec.engine.deltanet as deltanet_mod
 import specdec.engine.qwen35 as qwen35_mod
 from specdec.testing.synth_qwen35 import Qwen35Spec, write_qwen35_model
+from written_files import model_or_fail, route_margins, written_models
 
 DATA = Path(__file__).parents[1] / "data" / "reference" / "qwen35_synthetic.json"
 REF = json.loads(DATA.read_text()) if DATA.exists() else {"models": {}}
@@ -49,26 +48,14 @@ def _weights(name: str) -> str:
     return name.split("-")[1]
 
 
+STALE = ("{name}: the file written here differs from the one llama.cpp ran (SHA-256 {got} against "
+         "{want}): run `python benchmarks/reference_qwen35.py` and commit the new refs")
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("qwen35")
-    out = {}
-    for name, rec in REF["models"].items():
-        spec = Qwen35Spec(**{k: tuple(v) if isinstance(v, list) else v for k, v in rec["spec"].items()})
-        path = write_qwen35_model(tmp / f"{name}.gguf", spec)
-        got = hashlib.sha256(path.read_bytes()).hexdigest()
-        out[name] = specdec.load(path, n_ctx=128) if got == rec["sha256"] else \
-            (f"{name}: the file written here differs from the one llama.cpp ran (SHA-256 {got} against "
-             f"{rec['sha256']}): run `python benchmarks/reference_qwen35.py` and commit the new refs")
-    return out
-
-
-def _model(models, name):
-    """The loaded model, or a failure (never a skip) when its file is not the one llama.cpp ran."""
-    m = models[name]
-    if isinstance(m, str):
-        pytest.fail(m)
-    return m
+    return written_models(tmp_path_factory.mktemp("qwen35"), REF["models"],
+                          lambda path, spec: write_qwen35_model(path, Qwen35Spec(**spec)), STALE)
 
 
 def _logprobs(x: np.ndarray) -> np.ndarray:
@@ -87,28 +74,13 @@ def _gap(m, rec, clear=None) -> float:
     return float(gap[clear].max() if clear is not None else gap.max())
 
 
-def _route_margins(m, ids, monkeypatch) -> np.ndarray:
-    """(P,) each position's smallest gap between its k-th and (k+1)-th router logits."""
-    import specdec.engine.moe as moe_mod
-    seen, real = [], moe_mod.route
-
-    def spy(logits, k, norm, scale):
-        top = np.sort(logits, axis=1)[:, ::-1]
-        seen.append(top[:, k - 1] - top[:, k])
-        return real(logits, k, norm, scale)
-    monkeypatch.setattr(moe_mod, "route", spy)
-    m.session(128).eval(ids)
-    monkeypatch.undo()
-    return np.min(seen, axis=0)
-
-
 @pytest.mark.parametrize("name", sorted(REF["models"]))
 def test_logprobs_agree_with_llamacpp_at_every_position(models, name, monkeypatch):
-    m = _model(models, name)
+    m = model_or_fail(models, name)
     rec = REF["models"][name]
     clear = None
     if m.config.is_moe:
-        clear = _route_margins(m, REF["prompt"] + rec["continuation"], monkeypatch) >= ROUTE_MARGIN[_weights(name)]
+        clear = route_margins(m, REF["prompt"] + rec["continuation"], monkeypatch) >= ROUTE_MARGIN[_weights(name)]
         assert (~clear).sum() <= MAX_AMBIGUOUS, f"{name}: {(~clear).sum()} positions route ambiguously"
     gap = _gap(m, rec, clear)
     assert gap <= LOGPROB_BOUND[_weights(name)], f"{name}: max |Δlogprob| {gap:.4g}"
@@ -134,7 +106,7 @@ BROKEN = {"the gated norm's silu(z) dropped": (deltanet_mod, "mul_silu", lambda 
 @pytest.mark.parametrize("name", ["qwen35-f32", "qwen35-q8_0"])
 @pytest.mark.parametrize("rule", sorted(BROKEN))
 def test_a_rule_broken_lands_outside_the_bound(models, name, rule, monkeypatch):
-    m = _model(models, name)
+    m = model_or_fail(models, name)
     module, attr, broken = BROKEN[rule]
     monkeypatch.setattr(module, attr, broken)
     assert _gap(m, REF["models"][name]) > 4 * LOGPROB_BOUND[_weights(name)], rule

@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import specdec
 from specdec.testing.synth import TinySpec, write_tiny_model
+from written_files import model_or_fail, route_margins, written_models
 
 DATA = Path(__file__).parents[1] / "data" / "reference" / "synthetic.json"
 WRITER = Path(__file__).parents[2] / "benchmarks" / "reference_synthetic.py"
@@ -60,22 +60,9 @@ def _spec(fields: dict) -> TinySpec:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("synthetic")
-    out = {}
-    for name, rec in REF["models"].items():
-        path = write_tiny_model(tmp / f"{name}.gguf", _spec(rec["spec"]))
-        got = hashlib.sha256(path.read_bytes()).hexdigest()
-        out[name] = specdec.load(path, n_ctx=128) if got == rec["sha256"] else STALE.format(
-            name=name, got=got[:12], want=rec["sha256"][:12], version=REF["llama_cpp_python"])
-    return out
-
-
-def _model(models, name):
-    """The loaded model, or a failure (never a skip) when its file is not the one llama.cpp ran."""
-    m = models[name]
-    if isinstance(m, str):
-        pytest.fail(m)
-    return m
+    stale = STALE.replace("{version}", REF["llama_cpp_python"])
+    return written_models(tmp_path_factory.mktemp("synthetic"), REF["models"],
+                          lambda path, spec: write_tiny_model(path, TinySpec(**spec)), stale)
 
 
 def test_a_file_that_differs_fails_rather_than_skips(tmp_path):
@@ -86,7 +73,7 @@ def test_a_file_that_differs_fails_rather_than_skips(tmp_path):
     assert hashlib.sha256(path.read_bytes()).hexdigest() != rec["sha256"]
     stale = STALE.format(name=name, got="0" * 12, want=rec["sha256"][:12], version=REF["llama_cpp_python"])
     with pytest.raises(pytest.fail.Exception, match="reference_synthetic.py --refresh"):
-        _model({name: stale}, name)
+        model_or_fail({name: stale}, name)
 
 
 def test_the_records_are_the_writers_specs():
@@ -106,30 +93,15 @@ def test_the_records_are_the_writers_specs():
     assert REF["prompt"] == writer.PROMPT and REF["n_greedy"] == writer.N_GREEDY
 
 
-def _route_margins(m, prompt, monkeypatch) -> np.ndarray:
-    """(M,) each position's smallest gap between its k-th and (k+1)-th router logits over the layers."""
-    import specdec.engine.moe as moe_mod
-    seen, real = [], moe_mod.route
-
-    def spy(logits, k, norm, scale):
-        top = np.sort(logits, axis=1)[:, ::-1]
-        seen.append(top[:, k - 1] - top[:, k])
-        return real(logits, k, norm, scale)
-    monkeypatch.setattr(moe_mod, "route", spy)
-    m.session(128).eval(prompt)
-    monkeypatch.undo()
-    return np.min(seen, axis=0)
-
-
 @pytest.mark.parametrize("name", sorted(REF["models"]))
 def test_logits_and_greedy_agree_with_llamacpp(models, name, monkeypatch):
-    rec, m = REF["models"][name], _model(models, name)
+    rec, m = REF["models"][name], model_or_fail(models, name)
     prompt = REF["prompt"]
     weights = name.rsplit("-", 1)[1]
     ours = m.session(128).eval(prompt).astype(np.float64)
     ref = np.array(rec["logits"])
     if rec["spec"].get("n_expert"):
-        clear = _route_margins(m, prompt, monkeypatch) >= ROUTE_MARGIN[weights]
+        clear = route_margins(m, prompt, monkeypatch) >= ROUTE_MARGIN[weights]
         assert (~clear).sum() <= MAX_AMBIGUOUS, f"{name}: {(~clear).sum()} positions route ambiguously"
         ours, ref = ours[clear], ref[clear]
     gap = np.abs(ours - ref).max()
@@ -165,7 +137,7 @@ def test_a_routing_rule_broken_lands_outside_the_bound(models, name, monkeypatch
     (measured: qwen3moe 1.10, Mixtral-style 0.78); a softmax over the top-k logits is the
     renormalised softmax itself, so it stays inside (the same law, another rounding)."""
     import specdec.engine.moe as moe_mod
-    m, ref = _model(models, name), np.array(REF["models"][name]["logits"])
+    m, ref = model_or_fail(models, name), np.array(REF["models"][name]["logits"])
     real = moe_mod.route
 
     def gap(route) -> float:

@@ -26,16 +26,9 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'][0] | upper }}{{ m['content'] }}
 
 
 @pytest.fixture(scope="module")
-def q35(tmp_path_factory):
-    """q35(Qwen35Spec(...)) -> specdec.Model, written once per spec."""
-    folder, made = tmp_path_factory.mktemp("qwen35"), {}
-
-    def get(spec: Qwen35Spec | None = None, n_ctx: int = 128):
-        spec = spec or Qwen35Spec()
-        if spec not in made:
-            made[spec] = write_qwen35_model(folder / f"q{len(made)}.gguf", spec)
-        return specdec.load(made[spec], n_ctx=n_ctx)
-    return get
+def q35(qwen35_file):
+    """q35(Qwen35Spec(...)) -> specdec.Model."""
+    return lambda spec=None, n_ctx=128: specdec.load(qwen35_file(spec or Qwen35Spec()), n_ctx=n_ctx)
 
 
 def _close(a, b, tol=1e-4):

@@ -20,7 +20,7 @@ from specdec.speculation.cost_model import PlannedLength
 from specdec.generation.sampling import NumpyRandom, SamplerParams
 from specdec.speculation.drafters import HybridDrafter, ModelDrafter, MTPDrafter, make_drafter
 from specdec.testing import assert_greedy_identical, assert_same_law
-from specdec.testing.synth_qwen35 import Qwen35Spec, write_qwen35_model
+from specdec.testing.synth_qwen35 import Qwen35Spec
 
 import llamacpp_mtp
 from mtp_graph import RULES, mtp_draft_logits
@@ -34,15 +34,9 @@ LLAMA_BOUND = {"f32": 5e-3, "q8_0": 0.25}
 
 
 @pytest.fixture(scope="module")
-def q35(tmp_path_factory):
-    """q35(Qwen35Spec(...)) -> (specdec.Model, path), written once per spec."""
-    folder, made = tmp_path_factory.mktemp("mtp"), {}
-
-    def get(spec: Qwen35Spec):
-        if spec not in made:
-            made[spec] = write_qwen35_model(folder / f"m{len(made)}.gguf", spec)
-        return specdec.load(made[spec], n_ctx=128), made[spec]
-    return get
+def q35(qwen35_file):
+    """q35(Qwen35Spec(...)) -> (specdec.Model, path)."""
+    return lambda spec: (specdec.load(qwen35_file(spec), n_ctx=128), qwen35_file(spec))
 
 
 def _spec(**kw) -> Qwen35Spec:
