@@ -229,6 +229,48 @@ def _emitter(kx):
     return avx2.emit_chunk if avx2 is not None and getattr(kx, "AVX2_PATH", False) else kx._emit_chunk
 
 
+def mapped_function(qtype: int, m: int) -> ir.Module:
+    """A module whose function runs the mapped (GGUF-layout) K-quant chunk kernel's code for
+    M = m rows over every row and super-block (kquants_ir._emit_chunk)."""
+    kq, kir, fm = _kernels("kquants_ir"), _kernels("ir"), _kernels("formats")
+    F32, I8, I64 = kir.F32, kir.I8, kir.I64
+    mod = ir.Module(name=f"mapped_{qtype}_m{m}")
+    i8p, f32p = I8.as_pointer(), F32.as_pointer()
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i8p, i8p, f32p, i8p, f32p, I64, I64, I64]), "kernel")
+    w, xq, xd, xbs, out, n, nblk, row_bytes = fn.args
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    x = kir.Q8K(xq, xd, xbs, I64(m), nblk)
+    f16c = kir.have_f16c()
+    with _constant_switches():
+        kq._emit_chunk(builder, lambda b, p: kq.DECODERS[qtype](b, p, f16c), fm.FORMATS[qtype].type_size,
+                       False, f16c, w, row_bytes, x, out, n, I64(0), I64(1))
+    builder.ret_void()
+    return mod
+
+
+def mapped_model(qtypes=None, ms=(1, 9, 17)) -> dict:
+    """{format name: [measure(M) + 'per_row' + 'ratio']} for the mapped K-quants' AVX2 code:
+    the static path of M rows takes R = 16 // M weight rows per loop (one from M = 9 on), so
+    per_row = cycles / R per weight row and super-block; floor: a super-block's bytes /
+    BYTES_PER_CYCLE (reported, no bound: tests/kernels/test_zen3_model.py checks the
+    interleaved layout, the one weights get at load)."""
+    fm, kq = _kernels("formats"), _kernels("kquants_ir")
+    out = {}
+    for qt in qtypes or (fm.Q4_K, fm.Q5_K, fm.Q6_K):
+        floor = fm.FORMATS[qt].type_size / BYTES_PER_CYCLE
+        rows = []
+        for m in ms:
+            r = measure(mapped_function(qt, m), m)
+            r["per_row"] = round(r["cycles"] / (max(1, 16 // m) if m <= kq.MAX_STATIC_M else 1), 2)
+            rows.append(r)
+        base = max(rows[0]["per_row"], floor)
+        for r in rows:
+            r["ratio"] = round(max(r["per_row"], floor) / base, 3)
+            r["floor"] = round(floor, 1)
+        out[fm.FORMATS[qt].name] = rows
+    return out
+
+
 def main(argv=None) -> int:
     import argparse
     import json
@@ -236,6 +278,7 @@ def main(argv=None) -> int:
     ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 9, 17], help="rows per pass (first: the base)")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--legacy", action="store_true", help="also the legacy quants' tiles (Q4_0, Q4_1, Q8_0)")
+    ap.add_argument("--mapped", action="store_true", help="also the mapped (GGUF-layout) K-quants' code")
     args = ap.parse_args(argv)
     if llvm_mca() is None:
         print("llvm-mca not found (apt-get install llvm-14-tools, or set LLVM_MCA)")
@@ -244,7 +287,10 @@ def main(argv=None) -> int:
     res = {"cpu_model": CPU, "path": cpu.path(), "bytes_per_cycle": BYTES_PER_CYCLE, "kquants": kquant_model(ms=args.m)}
     if args.legacy:
         res["legacy"] = legacy_model(ms=args.m)
-    for name, rows in [*res["kquants"].items(), *res.get("legacy", {}).items()]:
+    if args.mapped:
+        res["mapped"] = mapped_model(ms=args.m)
+    for name, rows in [*res["kquants"].items(), *res.get("legacy", {}).items(),
+                       *((f"mapped {k}", v) for k, v in res.get("mapped", {}).items())]:
         print(name, " ".join(f"M={r['m']}: {r['cycles']:.0f} cyc {r['spills']}/{r['reloads']} spill/reload "
                              f"x{r['ratio']:.2f}" for r in rows))
     if args.json:
