@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..kernels import cache as kernel_code, cpu
 
-CALIBRATION_VERSION = 3    # 3: a table t(M) per pass size (2: one slope; its files are stale)
+CALIBRATION_VERSION = 4    # 4: passes of 2+ rows timed with their rollback (3: without; 2: one slope)
 ENV = "SPECDEC_CALIBRATE"       # "0" / "off" / "false": never measure, use the prior
 OVERRIDE = "SPECDEC_PASS_COSTS"  # debug: a profile name or t(2),t(3),... in place of every table
 TABLE_ROWS = 17                 # the table covers passes of 1..17 rows (a draft of up to 16)
@@ -254,18 +254,23 @@ def _write(file: Path, text: str) -> None:
 
 
 def measure(model: Any, clock: Callable[[], float] = time.perf_counter, n_logits: int | None = None) -> PassCosts:
-    """Time a pass of each of MEASURED_ROWS rows after a PROMPT_ROWS-token context, and that
-    prompt pass (the fastest of REPEATS rounds, after one untimed round: compilation is never
-    timed); the table interpolates the sizes between."""
+    """Time a pass of each of MEASURED_ROWS rows after a PROMPT_ROWS-token context (with its
+    rollback from 2 rows on), and that prompt pass (the fastest of REPEATS rounds, after one
+    untimed round: compilation is never timed); the table interpolates the sizes between."""
     n_vocab = int(model.config.n_vocab)
     top = max(MEASURED_ROWS)
     ids = [(7 + 31 * i) % n_vocab for i in range(PROMPT_ROWS + top)]
     s = model.session(PROMPT_ROWS + top + 1, n_logits=n_logits)
 
     def timed(tokens: list[int], at: int) -> float:
+        """A pass over tokens after `at` cached ones; a verification pass (2..top rows) with
+        its rollback to one kept row, as a rejected draft costs it (a recurrent state replays
+        its log: engine/recurrent.py; a KV cache only moves its end)."""
         s.truncate(at)
         t0 = clock()
         s.eval(tokens, last_only=len(tokens) > top)
+        if 1 < len(tokens) <= top:
+            s.truncate(at + 1)
         return clock() - t0
 
     s.reset()

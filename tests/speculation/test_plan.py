@@ -86,6 +86,37 @@ def test_measure_times_passes(tiny_model):
     assert got.measured and got.row_s > 0 and got.prefill_tok_s > 0 and got.growth >= 0
 
 
+def test_a_verification_pass_is_priced_with_its_rollback(tiny_model):
+    """On a clock that ticks 1 per pass and 0.5 per truncation, a pass of 2..17 rows costs 1.5
+    one-row passes in the table: the rollback a rejected draft pays (a recurrent target's
+    replay, engine/recurrent.py) is in it; the one-row pass (plain decoding) has none."""
+    m, now = tiny_model(TinySpec(seed=3)), [0.0]
+
+    class Session:
+        def __init__(self, s):
+            self.s = s
+
+        def eval(self, ids, **kw):
+            now[0] += 1.0
+            return self.s.eval(ids, **kw)
+
+        def truncate(self, n):
+            now[0] += 0.5
+            return self.s.truncate(n)
+
+        def reset(self):
+            return self.s.reset()
+
+    class Model:
+        config = m.config
+
+        def session(self, *a, **kw):
+            return Session(m.session(*a, **kw))
+
+    got = calibration.measure(Model(), clock=lambda: now[0])
+    assert got.row_s == 1.0 and got.table[1:] == (1.5,) * (calibration.TABLE_ROWS - 1)
+
+
 def test_the_model_drafts_only_where_it_pays_and_sees_a_bounded_window():
     inp = PlanInput(prompt_len=1800, n_predict=128, greedy=True, seeded=False, model=True,
                     free=("prompt-lookup",))
