@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 from ..speculation import calibration
 from ..speculation.drafters import (Drafter, ForcedDrafter, HybridDrafter, ModelDrafter, PredictionDrafter,
                                     has_mtp, make_drafter)
+from ..speculation.drafters.mtp import SOURCE as MTP_SOURCE
 from ..speculation.drafters.prediction import SOURCE as PREDICTED
 from ..speculation.cost_model import FREE, MODEL_ALPHA, Choice, Costs, Ledger, PlanInput, PlannedLength, choose
 from ..speculation.policies import DRAFT_N_MAX, DraftPolicy, make_policy
@@ -47,6 +48,13 @@ class Load:
     a draft model's; on_capped counts the capped steps."""
     cap: Callable[[bool], int | None]
     on_capped: Callable[[], None]
+
+
+def _nearly_free(key: str | None) -> bool:
+    """A step whose draft costs next to nothing under load, capped by the free drafters'
+    table: a prediction's, and the target's own MTP head's (a step ~0.06 of a target pass,
+    docs/speculative.md, where a draft model's is 0.25-0.35: the table for d ≈ 0 holds)."""
+    return str(key).startswith(PREDICTED) or key == MTP_SOURCE
 
 
 class DraftPlan:
@@ -129,8 +137,7 @@ class DraftPlan:
             if not free and self.choice is None:           # the plan's draft model prefills lazily already
                 drafter = LazyPrefill(drafter)
             if policy is not None and greedy:
-                policy = LoadCappedPolicy(policy, lambda key: load.cap(free or str(key).startswith(PREDICTED)),
-                                          load.on_capped)
+                policy = LoadCappedPolicy(policy, lambda key: load.cap(free or _nearly_free(key)), load.on_capped)
         if constrained and drafter is not None and not isinstance(drafter, ForcedDrafter):
             drafter = ForcedDrafter(drafter)            # the grammar's forced tokens drafted first
         return drafter, policy

@@ -179,6 +179,21 @@ def test_the_defaults_draft_with_the_mtp_head(q35):
     assert PlannedLength.kind("mtp") == "model"                  # its steps priced at its own cost
 
 
+def test_under_load_the_head_is_capped_as_a_free_drafter(q35):
+    """In a batch the server caps a greedy request's draft length by batch size: a draft
+    model's table (0 from 2 requests on) or the free drafters' (4 at 2): the head's steps
+    take the free one (its step ~0.06 of a pass), a draft model's keep theirs."""
+    from specdec.api.drafting import Load
+    m, _ = q35(_spec())
+    options = DraftOptions(kind="mtp").with_target(m)
+    capped = []
+    load = Load(lambda free: 4 if free else 0, lambda: capped.append(1))
+    plan = DraftPlan(options, m)
+    _, policy = plan.request(options.build(m, SOFT, 128), prompt_len=len(CONTEXT), n_predict=30, greedy=True,
+                             seeded=False, n_vocab=m.config.n_vocab, load=load)
+    assert policy.cap("mtp") == 4 and policy.cap("model") == 0 and policy.cap(None) == 0
+
+
 def test_hidden_rows_are_kept_by_position_alone_and_batched(q35):
     """The target keeps each pass's hidden rows at their positions (what the head reads), the
     same bits alone and in a batch with another session; a truncation keeps what stays."""
