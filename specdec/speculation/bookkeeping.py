@@ -33,6 +33,7 @@ class StepResult:
     routing: Routing | None = None  # an MoE target's routing after the pass (Session.routing)
     branch: int = 0                 # a tree: the verified branch, of n_branches leaves
     n_branches: int = 1
+    catchup_s: float = 0.0          # of the draft's seconds, its cache's catch-up (Draft.catchup_s)
 
     def tokens(self) -> list[tuple[int, str]]:
         """(token, OnToken kind) of the accepted drafts, then the sampled token."""
@@ -93,8 +94,9 @@ class Bookkeeper:
         res, draft_s, verify_s = step.result, timer.spent["draft"], timer.spent["verify"]
         self.steps.append(_Step(step.n_drafted, res, draft_s, verify_s, step.source, self.n_max, self.asked))
         woken = step.routing.woken if step.routing is not None else ()
-        self.policy.observe(StepFeedback(
-            step.source, self.n_max, step.n_drafted, len(res.records), res.n_accepted, draft_s, verify_s,
+        self.policy.observe(StepFeedback(           # a catch-up is no cost per drafted token
+            step.source, self.n_max, step.n_drafted, len(res.records), res.n_accepted,
+            max(draft_s - step.catchup_s, 0.0), verify_s,
             self.key, float(np.mean(woken)) if woken else None,
             (step.routing.n_expert, step.routing.n_used) if step.routing is not None else None))
         if self.trace is not None:

@@ -62,7 +62,7 @@ def draft_under(draft: Draft, c: Constraint) -> tuple[Draft, np.ndarray, int]:
             masks.append(masks[-1])
         break
     if keep < len(draft.tokens):
-        draft = Draft(draft.tokens[:keep], draft.q[:keep], draft.source)
+        draft = Draft(draft.tokens[:keep], draft.q[:keep], draft.source, draft.catchup_s)
     return draft, np.stack(masks[: keep + 1]), pushed
 
 

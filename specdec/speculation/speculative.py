@@ -85,7 +85,8 @@ def linear_step(target: Session, drafter: Drafter, ctx: Sequence[int], n_max: in
     target.truncate(target.n_past - (n - res.n_accepted))
     guard.settle(res.n_accepted, res.next_token)
     timer.lap("verify")
-    return StepResult(res, draft.tokens, draft.q, p, draft.source, n, target.routing())
+    return StepResult(res, draft.tokens, draft.q, p, draft.source, n, target.routing(),
+                      catchup_s=draft.catchup_s)
 
 
 def speculative_steps(target: Session, drafter: Drafter, prompt_ids: Sequence[int],

@@ -495,3 +495,42 @@ def test_session_n_logits_is_a_prefix_of_the_logits(tiny):
     got = tiny.generate("abcabcab", n_predict=12, ignore_eos=True, draft=tiny, draft_vocab=9,
                         draft_policy="fixed", draft_n=4)
     assert got.ids == want.ids and got.stats.n_drafted > 0
+
+
+def test_a_catch_up_is_reported_and_left_out_of_the_policys_draft_cost():
+    """The first proposal of a draft model catches its cache up on the context (a window's
+    prompt pass); later ones feed one row.  The draft reports the catch-up's seconds, and the
+    length policy's feedback leaves them out: they are no cost per drafted token (charged to
+    the first model step, they made a planned draft model look dear and stop after one step)."""
+    from specdec.speculation.bookkeeping import Bookkeeper, StepTimer
+    from specdec.speculation.policies import DraftPolicy
+    _, draft = PAIR_FACTORIES["fake"](16, 3, "good")
+    drafter = ModelDrafter(draft, GREEDY)
+    ctx = list(range(1, 13))
+    first = drafter.propose(ctx, 3, NumpyRandom(0))
+    assert first.catchup_s > 0.0
+    later = drafter.propose(ctx + [first.tokens[0]], 3, NumpyRandom(0))   # one new row: no catch-up
+    assert len(first.tokens) == 3 and later.catchup_s == 0.0
+
+    seen = []
+
+    class Spy(DraftPolicy):
+        n_max, p_min = 8, 0.0
+
+        def next_n(self):
+            return 1
+
+        def observe(self, fb):
+            seen.append(fb.draft_s)
+    book = Bookkeeper(Spy(), None)
+    book.ask("model", 8)
+    clock = iter([0.0, 1.25, 2.0])
+    timer = StepTimer(lambda: next(clock))
+    timer.lap("draft")
+    timer.lap("verify")
+    from specdec.speculation.bookkeeping import StepResult
+    from specdec.speculation.verify import verify
+    p = np.full((2, 16), 1 / 16)
+    res = verify((3,), np.eye(16)[[3]], p, NumpyRandom(0))
+    book.record(StepResult(res, (3,), np.eye(16)[[3]], p, "model", 1, catchup_s=1.0), 12, [3], False, timer)
+    assert seen == [0.25] and book.steps[0].draft_s == 1.25       # the trace and stats keep the whole

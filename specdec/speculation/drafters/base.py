@@ -18,6 +18,9 @@ class Draft:
     tokens: tuple[int, ...]     # (n,) drafted ids
     q: np.ndarray               # (n, V) float64: q[i] is the distribution tokens[i] was drawn from
     source: str = "none"        # which drafter proposed: 'model' | 'prompt-lookup' | ...
+    catchup_s: float = 0.0      # seconds of it spent catching a draft cache up on the context (a
+    #                             window's prompt pass, the tokens of other drafters' steps): not a
+    #                             cost per drafted token, so the length policy leaves it out
 
     @staticmethod
     def empty(n_vocab: int, source: str = "none") -> "Draft":

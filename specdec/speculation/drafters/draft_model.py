@@ -5,6 +5,7 @@ p is always the target's distribution, q the draft's.
 from __future__ import annotations
 
 import copy
+import time
 from typing import Sequence
 
 import numpy as np
@@ -99,7 +100,9 @@ class ModelDrafter(Drafter):
         if n_max <= 0 or not ctx:
             return Draft.empty(self.n_vocab, self.source)
         keep = self.cache.keep(ctx, len(ctx) - 1)                  # the last id must be re-fed
+        t0 = time.perf_counter()
         logits = self.cache.eval(ctx[keep:])                      # (V_draft,) catch-up, one batch
+        catchup_s = time.perf_counter() - t0 if len(ctx) - keep > 1 else 0.0
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         c, pushed = self.constraint, 0                             # c: advanced along the draft, then back
@@ -124,7 +127,7 @@ class ModelDrafter(Drafter):
                 c.rollback(pushed)
         self._last = (len(ctx), tuple(tokens))
         q_mat = np.stack(qs) if qs else np.zeros((0, self.n_vocab))   # (n, V)
-        return Draft(tuple(tokens), q_mat, self.source)
+        return Draft(tuple(tokens), q_mat, self.source, catchup_s)
 
     def propose_tree(self, context_ids: Sequence[int], n_max: int, k: int, rng: Rng) -> DraftTree:
         """k branches: the first tokens are the draft's k most likely ids at temperature 0

@@ -79,7 +79,7 @@ class ForcedDrafter(Drafter):
             c.rollback(len(ff))
         self._by_inner = True
         q = np.concatenate([one_hot_rows(ff, self.n_vocab), rest.q])        # (n, V)
-        return Draft((*ff, *rest.tokens), q, SOURCE)
+        return Draft((*ff, *rest.tokens), q, SOURCE, rest.catchup_s)
 
     def propose_tree(self, context_ids: Sequence[int], n_max: int, k: int, rng: Rng) -> DraftTree:
         """Forced tokens as one branch when there are any, else the wrapped drafter's tree."""
