@@ -52,8 +52,8 @@ class Load:
 
 def _nearly_free(key: str | None) -> bool:
     """A step whose draft costs next to nothing under load, capped by the free drafters'
-    table: a prediction's, and the target's own MTP head's (a step ~0.06 of a target pass,
-    docs/speculative.md, where a draft model's is 0.25-0.35: the table for d ≈ 0 holds)."""
+    table: a prediction's, and the target's own MTP head's (its step a small fraction of a
+    draft model's: docs/serve.md, "Drafting under load")."""
     return str(key).startswith(PREDICTED) or key == MTP_SOURCE
 
 
