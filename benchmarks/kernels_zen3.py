@@ -214,12 +214,17 @@ def kquant_model(qtypes=None, ms=(1, 9, 17)) -> dict:
     for qt in qtypes or tuple(kx.RECORD):
         floor = kx.RECORD[qt] / BYTES_PER_CYCLE
         rows = [measure(kquant_function(qt, m, _emitter(kx)), m) for m in ms]
-        base = max(rows[0]["cycles"], floor)
-        for r in rows:
-            r["ratio"] = round(max(r["cycles"], floor) / base, 3)
-            r["floor"] = round(floor, 1)
-        out[FORMATS[qt].name] = rows
+        out[FORMATS[qt].name] = _ratios(rows, floor)
     return out
+
+
+def _ratios(rows: list, floor: float, field: str = "cycles") -> list:
+    """rows with 'ratio' = max(row[field], floor) / max(first row's, floor) and 'floor'."""
+    base = max(rows[0][field], floor)
+    for r in rows:
+        r["ratio"] = round(max(r[field], floor) / base, 3)
+        r["floor"] = round(floor, 1)
+    return rows
 
 
 def _emitter(kx):
@@ -263,11 +268,7 @@ def mapped_model(qtypes=None, ms=(1, 9, 17)) -> dict:
             r = measure(mapped_function(qt, m), m)
             r["per_row"] = round(r["cycles"] / (max(1, 16 // m) if m <= kq.MAX_STATIC_M else 1), 2)
             rows.append(r)
-        base = max(rows[0]["per_row"], floor)
-        for r in rows:
-            r["ratio"] = round(max(r["per_row"], floor) / base, 3)
-            r["floor"] = round(floor, 1)
-        out[fm.FORMATS[qt].name] = rows
+        out[fm.FORMATS[qt].name] = _ratios(rows, floor, "per_row")
     return out
 
 
@@ -335,11 +336,7 @@ def legacy_model(qtypes=None, ms=(1, 9, 17)) -> dict:
     for qt in qtypes or (formats.Q4_0, formats.Q4_1, formats.Q8_0):
         floor = 2 * rec_mod.REC[qt] / BYTES_PER_CYCLE
         rows = [measure(legacy_function(qt, m), m, per_m_loop=True) for m in ms]
-        base = max(rows[0]["cycles"], floor)
-        for r in rows:
-            r["ratio"] = round(max(r["cycles"], floor) / base, 3)
-            r["floor"] = round(floor, 1)
-        out[formats.FORMATS[qt].name] = rows
+        out[formats.FORMATS[qt].name] = _ratios(rows, floor)
     return out
 
 
