@@ -243,7 +243,7 @@ def _fma(builder, a, b, c):
 
 
 def blocks_of(k: int) -> list[int]:
-    """k rows as register blocks of at most ROW_BLOCK, as even as can be (9 -> 3, 3, 3)."""
+    """k rows as register blocks of at most ROW_BLOCK, as even as can be (ROW_BLOCK 6: 9 -> 5, 4)."""
     n = -(-k // ROW_BLOCK)
     return [k // n + (i < k % n) for i in range(n)]
 
