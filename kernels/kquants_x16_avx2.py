@@ -38,7 +38,7 @@ from numba.core import cgutils
 
 from .formats import Q4_K, Q5_K, Q6_K, QK_K
 from .ir import (F32, I8, I16, I32, I64, V8F32, V8I32, escape, f16_to_f32, fence, load_bytes, prefetch, splat,
-                 switch_static, vector_type)
+                 switch_static, vec_i32, vector_type)
 
 ROWS = 16
 RECORD = {Q4_K: 2368, Q5_K: 2880, Q6_K: 3392}      # as kquants_x16.RECORD
@@ -60,7 +60,7 @@ V8I8 = vector_type(I8, 8)
 
 
 def _v(value: int):
-    return ir.Constant(V8I32, value)
+    return vec_i32(value, 8)
 
 
 def _intr(builder, name: str, ret, args: list):
@@ -86,8 +86,8 @@ def _pairs(builder, lo, hi):
 class _Half:
     """Lanes 8h … 8h+7 (weight rows) of the record at the i8* p."""
 
-    def __init__(self, builder, p, qtype: int, h: int, f16c: bool, scratch=None):
-        self.b, self.p, self.qtype, self.h, self.scratch = builder, p, qtype, h, scratch
+    def __init__(self, builder, p, qtype: int, h: int, f16c: bool):
+        self.b, self.p, self.qtype, self.h, self.scratch = builder, p, qtype, h, None
         if qtype == Q6_K:
             self.d = load_bytes(builder, p, 32 * h, V8F32)
         else:
@@ -114,25 +114,26 @@ class _Half:
 
     def codes(self, c: int, hn: int, t: int):
         """Codes u of values 64c + 32hn + 4t + i (kquants_x16's record), <8 x i32>: decoded,
-        or loaded from the scratch decode_codes filled."""
+        or loaded from the scratch decode_into filled."""
         if self.scratch is not None:
-            return load_bytes(self.b, self.scratch, 32 * (64 * self.h + 16 * c + 8 * hn + t), V8I32, 32)
+            return load_bytes(self.b, self.scratch, self._slot(c, hn, t), V8I32, 32)
         return self.decode(c, hn, t)
 
-    def decode_codes(self, scratch) -> "_Half":
+    def _slot(self, c: int, hn: int, t: int) -> int:
+        """The byte offset of code vector (c, hn, t) of this half in the scratch."""
+        return 32 * (64 * self.h + 16 * c + 8 * hn + t)
+
+    def decode_into(self, scratch) -> None:
         """This half's 64 code vectors decoded once into scratch (i8*, 4 KB for both halves,
-        32-byte aligned) -> the half that reads them there.  The scratch is passed to a fence,
-        so LLVM keeps it in memory (promoted to registers, the codes would spill)."""
+        32-byte aligned); codes() loads them from there from now on.  The scratch is passed to
+        ir.escape, so LLVM keeps it in memory (promoted to registers, the codes would spill)."""
         for c in range(4):
             for hn in range(2):
                 for t in range(8):
-                    at = 32 * (64 * self.h + 16 * c + 8 * hn + t)
-                    dst = self.b.bitcast(self.b.gep(scratch, [I64(at)], source_etype=I8), V8I32.as_pointer())
-                    self.b.store(self.decode(c, hn, t), dst, align=32)
+                    dst = self.b.gep(scratch, [I64(self._slot(c, hn, t))], source_etype=I8)
+                    self.b.store(self.decode(c, hn, t), self.b.bitcast(dst, V8I32.as_pointer()), align=32)
         escape(self.b, scratch)
-        half = _Half.__new__(_Half)
-        half.__dict__.update(self.__dict__, scratch=scratch)
-        return half
+        self.scratch = scratch
 
     def decode(self, c: int, hn: int, t: int):
         """The code vector of codes(c, hn, t), decoded from the record."""
@@ -258,18 +259,26 @@ def _ahead(qtype: int) -> list[int]:
     return [PREFETCH_RECORDS * RECORD[qtype] + line for line in range(0, RECORD[qtype], 64)]
 
 
+def _halves(builder, qtype, f16c, p, scratch=None) -> list:
+    """The two halves of the record at the i8* p; with a scratch, their codes decoded into it
+    once (where DECODE_ONCE)."""
+    halves = [_Half(builder, p, qtype, h, f16c) for h in range(2)]
+    if scratch is not None and DECODE_ONCE[qtype]:
+        for h in halves:
+            h.decode_into(scratch)
+    return halves
+
+
 def _record(builder, qtype, f16c, wp, x, out, t, blk, row_blocks, fetch: bool = True,
             scratch=None, halves=None) -> None:
     """Every row block of row_blocks (lists of i64 rows) over record (t, blk); fetch: its
     first block prefetches the record PREFETCH_RECORDS ahead, a few lines per unit.  With
     more than one block (and a scratch), the record's codes are decoded once into the
-    scratch and each block loads them (DECODE_ONCE); halves: already so decoded."""
-    p = _record_ptr(builder, qtype, wp, x, t, blk)
+    scratch and each block loads them (DECODE_ONCE); halves: the record's, already made."""
     ahead = _ahead(qtype) if fetch else []
     if halves is None:
-        halves = [_Half(builder, p, qtype, h, f16c) for h in range(2)]
-        if scratch is not None and len(row_blocks) > 1 and DECODE_ONCE[qtype]:
-            halves = [h.decode_codes(scratch) for h in halves]
+        halves = _halves(builder, qtype, f16c, _record_ptr(builder, qtype, wp, x, t, blk),
+                         scratch if len(row_blocks) > 1 else None)
     col = builder.mul(t, I64(ROWS))
     groups = [halves] if SHARED_WORDS[qtype] else [[h] for h in halves]
     for k, hs in enumerate(groups):
@@ -279,7 +288,7 @@ def _record(builder, qtype, f16c, wp, x, out, t, blk, row_blocks, fetch: bool = 
 
 def _scratch(builder):
     """A 32-byte aligned 4 KB stack buffer (i8*) in the function's entry block, not zeroed:
-    one record's decoded codes (_Half.decode_codes)."""
+    one record's decoded codes (_Half.decode_into)."""
     with builder.goto_entry_block():
         buf = builder.alloca(ir.ArrayType(I8, 64 * 32 * 2))
         buf.align = 32
@@ -339,9 +348,7 @@ def _many_rows(builder, qtype, f16c, wp, x, out, lo, hi, scratch) -> None:
                 p = _record_ptr(bb, qtype, wp, x, t, blk.index)
                 for at in _ahead(qtype):               # once per record, not per block of rows
                     prefetch(bb, bb.gep(p, [I64(at)], source_etype=I8), 1)
-                halves = [_Half(bb, p, qtype, h, f16c) for h in range(2)]
-                if DECODE_ONCE[qtype]:
-                    halves = [h.decode_codes(scratch) for h in halves]
+                halves = _halves(bb, qtype, f16c, p, scratch)
 
                 def rows_of(g0, k):
                     _record(bb, qtype, f16c, wp, x, out, t, blk.index, [[bb.add(g0, I64(j)) for j in range(k)]],
