@@ -179,22 +179,19 @@ def tensor_writers(w: gguf.GGUFWriter, rng: np.random.Generator, file_qtype: int
     def mat(name, n_out, n_in, std, qtype=None, n_stack=0):
         lead = (n_stack,) if n_stack else ()
         qt = T(file_qtype if qtype is None else qtype)
-        if qt in _KQUANT_SCALES and (n_stack or not draw_all):   # random codes: no values to draw
-            raw = _random_kquant(rng, max(n_stack, 1) * n_out, n_in, qt, std, centered).reshape(*lead, n_out, -1)
-            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
+        kquant = qt in _KQUANT_SCALES                   # random codes: no values to draw (but see draw_all)
+        if not kquant or (draw_all and not n_stack):
+            x = (rng.standard_normal((*lead, n_out, n_in)) * std).astype(np.float32)   # ([E,] N, K)
+        if qt in (T.F32, T.F16):
+            w.add_tensor(name, x if qt == T.F32 else x.astype(np.float16))
             return
-        x = (rng.standard_normal((*lead, n_out, n_in)) * std).astype(np.float32)   # ([E,] N, K)
-        if qt == T.F32:
-            w.add_tensor(name, x)
-        elif qt == T.F16:
-            w.add_tensor(name, x.astype(np.float16))
-        elif qt in _KQUANT_SCALES:
-            raw = _random_kquant(rng, n_out, n_in, qt, std, centered)
-            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
+        if kquant:
+            raw = _random_kquant(rng, max(n_stack, 1) * n_out, n_in, qt, std, centered).reshape(*lead, n_out, -1)
+        elif qt in (T.IQ4_NL, T.IQ4_XS):
+            raw = quantize_iq4(x.reshape(-1, n_in), qt).reshape(*lead, n_out, -1)
         else:
-            raw = (quantize_iq4(x.reshape(-1, n_in), qt).reshape(*lead, n_out, -1) if qt in (T.IQ4_NL, T.IQ4_XS)
-                   else gguf.quants.quantize(x, qt))
-            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
+            raw = gguf.quants.quantize(x, qt)
+        w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qt)
 
     def vec(name, n, around=1.0, std=0.1):
         w.add_tensor(name, (around + rng.standard_normal(n) * std).astype(np.float32))
